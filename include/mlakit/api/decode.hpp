@@ -1,0 +1,191 @@
+#pragma once
+// Public API: workspace_bytes(), supported(), decode(), and the compile-time entry point
+// Decode<Problem>::launch(). The run-time path is a table of compile-time instantiations
+// (api/dispatch.hpp) plus argument checks.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "../arch/tile_policy.hpp"
+#include "../core/decode_args.hpp"
+#include "../core/plan.hpp"
+#include "../core/status.hpp"
+#include "../core/validate.hpp"
+#include "../kernel/combine_kernel.hpp"
+#include "../kernel/decode_kernel.hpp"
+#include "../kernel/planner_kernel.hpp"
+#include "../kernel/problem.hpp"
+#include "../kernel/workspace.hpp"
+#include "../platform/runtime.hpp"
+
+namespace mlakit {
+
+namespace detail {
+
+// Row tiling and plan shape of a request mix for the policy with `rows_per_cta` rows.
+inline PlanShape plan_shape(const DecodeArgs& a, int rows_per_cta, const DeviceInfo& dev) {
+  PlanShape s;
+  s.batch = a.batch;
+  s.row_tiles = (a.rows() + rows_per_cta - 1) / rows_per_cta;
+  s.mode = a.split_mode;
+  s.fixed_splits = a.split_mode == SplitMode::fixed ? a.num_splits : 1;
+  s.num_ctas = plan_num_ctas(s.mode, s.fixed_splits, s.batch, s.row_tiles, dev.sm_count);
+  return s;
+}
+
+inline int policy_rows(const DecodeArgs& a) {
+  return arch::kPolicies[arch::policy_index_for_rows(a.rows())].rows;
+}
+
+}  // namespace detail
+
+// Bytes of device workspace decode() needs for `a` on `dev`. Depends on batch, heads, q_len,
+// the split mode and the device only, never on kv_len values: allocate it once.
+inline std::size_t workspace_bytes(const DecodeArgs& a, const DeviceInfo& dev) {
+  if (a.batch <= 0 || a.num_heads <= 0 || a.q_len <= 0) return 0;
+  const int rows_per_cta = detail::policy_rows(a);
+  const PlanShape s = detail::plan_shape(a, rows_per_cta, dev);
+  return static_cast<std::size_t>(
+      detail::workspace_layout(s, s.row_tiles * rows_per_cta).bytes);
+}
+
+// Ok when decode(a) would run: the arguments are in the domain and a GPU backend exists.
+inline Status supported(const DecodeArgs& a) {
+  Status s = validate(a);
+  if (!s) return s;
+  if (!kHaveGpuBackend)
+    return Status(StatusCode::not_supported,
+                  "no GPU backend: mlakit was compiled without CUDA or HIP (see README)");
+  return Status::ok();
+}
+
+#if !defined(MLAKIT_PLATFORM_NONE)
+
+namespace detail {
+
+// Raises the dynamic shared-memory limit of one kernel once per device.
+template <class Kernel>
+inline Status prepare_kernel(Kernel kernel, int smem_bytes, int device) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<bool> done[kMaxDevices] = {};
+  if (device >= 0 && device < kMaxDevices && done[device].load(std::memory_order_acquire))
+    return Status::ok();
+  Status s = set_dynamic_smem(kernel, smem_bytes);
+  if (s && device >= 0 && device < kMaxDevices) done[device].store(true, std::memory_order_release);
+  return s;
+}
+
+// Launches planner, decode kernel and combine for one instantiation.
+template <class Problem, int PolicyIndex>
+inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* workspace,
+                              std::size_t workspace_size, Stream stream) {
+  using Tr = DecodeTraits<Problem, PolicyIndex>;
+  const PlanShape shape = plan_shape(a, Tr::kRows, dev);
+  const int rows_padded = shape.row_tiles * Tr::kRows;
+  const WorkspaceLayout wl = workspace_layout(shape, rows_padded);
+  if (workspace == nullptr || workspace_size < static_cast<std::size_t>(wl.bytes))
+    return Status(StatusCode::workspace_too_small,
+                  "workspace_bytes = " + std::to_string(workspace_size) + ": need " +
+                      std::to_string(wl.bytes) + " (call workspace_bytes())");
+  if (Tr::kSmemBytes > dev.max_smem_optin)
+    return Status(StatusCode::not_supported,
+                  "device shared memory per block " + std::to_string(dev.max_smem_optin) +
+                      " < " + std::to_string(Tr::kSmemBytes) + " bytes the kernel needs");
+  Status s = prepare_kernel(decode_kernel<Tr>, Tr::kSmemBytes, dev.device);
+  if (!s) return s;
+
+  KernelArgs k;
+  k.a = a;
+  k.shape = shape;
+  k.ws = workspace_view(workspace, shape, rows_padded);
+  k.scale_log2 = a.softmax_scale * a.kv_scale * kLog2e;
+  k.out_scale = a.kv_scale;
+
+  plan_kernel<><<<1, kPlannerThreads, 0, stream>>>(a, shape, k.ws);
+  if (!(s = check_launch("plan_kernel"))) return s;
+  decode_kernel<Tr><<<dim3(shape.row_tiles, shape.num_ctas), Tr::kThreads, Tr::kSmemBytes,
+                      stream>>>(k);
+  if (!(s = check_launch("decode_kernel"))) return s;
+  if (shape.max_partials() > 0) {
+    constexpr int kRowsPerBlock = kCombineThreads / kWarpSize;
+    const dim3 grid(a.batch, (a.rows() + kRowsPerBlock - 1) / kRowsPerBlock);
+    combine_kernel<typename Problem::q_type><<<grid, kCombineThreads, 0, stream>>>(a, k.ws);
+    if (!(s = check_launch("combine_kernel"))) return s;
+  }
+  return Status::ok();
+}
+
+// Launch of a problem whose row count may be dynamic: the policy is picked by rows.
+template <class Problem, int... I>
+inline Status launch_by_rows(const DecodeArgs& a, const DeviceInfo& dev, void* ws,
+                             std::size_t bytes, Stream stream,
+                             std::integer_sequence<int, I...>) {
+  const int idx = arch::policy_index_for_rows(a.rows());
+  Status s(StatusCode::not_supported, "no policy");
+  ((idx == I ? (s = launch_instance<Problem, I>(a, dev, ws, bytes, stream), true) : false) || ...);
+  return s;
+}
+
+}  // namespace detail
+
+// Compile-time entry point: a user's own fixed (or partly fixed) shape.
+template <class Problem>
+struct Decode {
+  // Checks that `a` matches the compile-time values of Problem, then launches.
+  static Status check(const DecodeArgs& a) {
+    Status s = validate(a);
+    if (!s) return s;
+    if (a.q_type != Problem::q_dtype())
+      return detail::bad_arg("q_type", dtype_name(a.q_type),
+                             std::string("this instantiation expects ") +
+                                 dtype_name(Problem::q_dtype()));
+    if (Problem::kDirectKv && a.kv_type != Problem::q_dtype())
+      return detail::bad_arg("kv_type", dtype_name(a.kv_type),
+                             std::string("this instantiation expects ") +
+                                 dtype_name(Problem::q_dtype()));
+    if (Problem::kv_is_fixed &&
+        a.kv_type != detail::KvDTypeOf<typename Problem::kv_type>::value)
+      return detail::bad_arg("kv_type", dtype_name(a.kv_type),
+                             std::string("this instantiation expects ") +
+                                 dtype_name(detail::KvDTypeOf<typename Problem::kv_type>::value));
+    if (!Problem::kv_is_fixed && a.kv_type == Problem::q_dtype())
+      return detail::bad_arg("kv_type", dtype_name(a.kv_type),
+                             "this kv_any_t instantiation converts KV: use KvType = QType");
+    if (Problem::kHeads > 0 && a.num_heads != Problem::kHeads)
+      return detail::bad_arg("num_heads", std::to_string(a.num_heads),
+                             "this instantiation expects " + std::to_string(Problem::kHeads));
+    if (Problem::kQLen > 0 && a.q_len != Problem::kQLen)
+      return detail::bad_arg("q_len", std::to_string(a.q_len),
+                             "this instantiation expects " + std::to_string(Problem::kQLen));
+    if (Problem::kCausal != Causal::dynamic && a.causal != (Problem::kCausal == Causal::on))
+      return detail::bad_arg("causal", a.causal ? "true" : "false",
+                             "this instantiation expects the other value");
+    return Status::ok();
+  }
+
+  static Status launch(const DecodeArgs& a, void* workspace, std::size_t workspace_size,
+                       Stream stream) {
+    Status s = check(a);
+    if (!s || a.batch == 0) return s;
+    DeviceInfo dev;
+    if (!(s = cached_device_info(&dev))) return s;
+    return launch_with(a, dev, workspace, workspace_size, stream);
+  }
+
+  // Launch without argument checks (the dispatch table has already run them).
+  static Status launch_with(const DecodeArgs& a, const DeviceInfo& dev, void* workspace,
+                            std::size_t workspace_size, Stream stream) {
+    if constexpr (Problem::kRows > 0) {
+      constexpr int idx = arch::policy_index_for_rows(Problem::kRows);
+      return detail::launch_instance<Problem, idx>(a, dev, workspace, workspace_size, stream);
+    } else {
+      return detail::launch_by_rows<Problem>(
+          a, dev, workspace, workspace_size, stream,
+          std::make_integer_sequence<int, arch::kNumPolicies>{});
+    }
+  }
+};
+
+#endif  // !MLAKIT_PLATFORM_NONE
+
+}  // namespace mlakit

@@ -1,0 +1,68 @@
+#pragma once
+// The run-time path: decode() validates, picks an instantiation from a small table and
+// launches it. Default table per target: Q type (2) x {KV = Q type, KV converted} over every
+// row policy, plus fixed-shape specialisations of the speculative-decoding hot shapes
+// (16 heads, q_len 1/2/4/8, causal, bf16 Q with fp8 e4m3fn or bf16 KV).
+#include "decode.hpp"
+
+namespace mlakit {
+
+#if !defined(MLAKIT_PLATFORM_NONE)
+namespace detail {
+
+template <int QLen>
+using HotFp8 = Problem<bf16_t, fp8_e4m3fn_t, 16, QLen, Causal::on>;
+template <int QLen>
+using HotBf16 = Problem<bf16_t, bf16_t, 16, QLen, Causal::on>;
+
+inline Status dispatch(const DecodeArgs& a, const DeviceInfo& dev, void* ws, std::size_t bytes,
+                       Stream stream) {
+#if !defined(MLAKIT_NO_HOT_SHAPES)
+  if (a.q_type == DType::bf16 && a.num_heads == 16 && a.causal &&
+      (a.kv_type == DType::fp8_e4m3fn || a.kv_type == DType::bf16)) {
+    const bool fp8 = a.kv_type == DType::fp8_e4m3fn;
+    switch (a.q_len) {
+      case 1: return fp8 ? Decode<HotFp8<1>>::launch_with(a, dev, ws, bytes, stream)
+                         : Decode<HotBf16<1>>::launch_with(a, dev, ws, bytes, stream);
+      case 2: return fp8 ? Decode<HotFp8<2>>::launch_with(a, dev, ws, bytes, stream)
+                         : Decode<HotBf16<2>>::launch_with(a, dev, ws, bytes, stream);
+      case 4: return fp8 ? Decode<HotFp8<4>>::launch_with(a, dev, ws, bytes, stream)
+                         : Decode<HotBf16<4>>::launch_with(a, dev, ws, bytes, stream);
+      case 8: return fp8 ? Decode<HotFp8<8>>::launch_with(a, dev, ws, bytes, stream)
+                         : Decode<HotBf16<8>>::launch_with(a, dev, ws, bytes, stream);
+      default: break;
+    }
+  }
+#endif
+  if (a.q_type == DType::bf16) {
+    if (a.kv_type == DType::bf16)
+      return Decode<Problem<bf16_t, bf16_t>>::launch_with(a, dev, ws, bytes, stream);
+    return Decode<Problem<bf16_t, kv_any_t>>::launch_with(a, dev, ws, bytes, stream);
+  }
+  if (a.kv_type == DType::fp16)
+    return Decode<Problem<fp16_t, fp16_t>>::launch_with(a, dev, ws, bytes, stream);
+  return Decode<Problem<fp16_t, kv_any_t>>::launch_with(a, dev, ws, bytes, stream);
+}
+
+}  // namespace detail
+#endif
+
+// Computes MLA decode attention for every request of `a` on `stream`.
+// Never aborts: outside the domain it returns a Status naming the argument, its value and
+// the allowed range. No host synchronisation, no allocation, no host read of device data;
+// the grid does not depend on kv_len values, so one captured graph serves every step.
+inline Status decode(const DecodeArgs& a, void* workspace, std::size_t workspace_size,
+                     Stream stream) {
+  Status s = supported(a);
+  if (!s || a.batch == 0) return s;
+#if defined(MLAKIT_PLATFORM_NONE)
+  (void)workspace; (void)workspace_size; (void)stream;
+  return Status(StatusCode::not_supported, "no GPU backend");
+#else
+  DeviceInfo dev;
+  if (!(s = cached_device_info(&dev))) return s;
+  return detail::dispatch(a, dev, workspace, workspace_size, stream);
+#endif
+}
+
+}  // namespace mlakit

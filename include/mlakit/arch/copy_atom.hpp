@@ -1,0 +1,48 @@
+#pragma once
+// 16-byte global -> shared copies. NVIDIA: cp.async with zero fill, completed in groups
+// (sm_80+). AMD: a plain 16-byte load and LDS store, complete on return (clang 15 has no
+// asynchronous global->LDS copy of 16 bytes; see isa-amd.md section 5).
+#include <cstdint>
+
+#include "../platform/platform.hpp"
+
+namespace mlakit::arch {
+
+#if defined(MLAKIT_PLATFORM_CUDA)
+
+struct CopyAtomCpAsync {
+  static constexpr bool kAsync = true;
+  // Copies 16 bytes from `src` to `dst`, or writes 16 zero bytes (reading nothing) when
+  // !valid, so that tokens past a request's end never touch memory.
+  __device__ static void copy16(void* dst, const void* src, bool valid) {
+    const auto d = static_cast<std::uint32_t>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+                 "r"(valid ? 16 : 0));
+  }
+  __device__ static void commit() { asm volatile("cp.async.commit_group;\n" ::); }
+  template <int Pending>
+  __device__ static void wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
+  }
+};
+
+using DefaultCopyAtom = CopyAtomCpAsync;
+
+#elif defined(MLAKIT_PLATFORM_HIP)
+
+struct CopyAtomSync {
+  static constexpr bool kAsync = false;
+  __device__ static void copy16(void* dst, const void* src, bool valid) {
+    uint4 v = valid ? *static_cast<const uint4*>(src) : uint4{0, 0, 0, 0};
+    *static_cast<uint4*>(dst) = v;
+  }
+  __device__ static void commit() {}
+  template <int Pending>
+  __device__ static void wait() {}
+};
+
+using DefaultCopyAtom = CopyAtomSync;
+
+#endif
+
+}  // namespace mlakit::arch

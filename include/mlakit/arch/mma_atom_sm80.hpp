@@ -1,0 +1,103 @@
+#pragma once
+// NVIDIA warp matrix atom: mma.sync.m16n8k16 (bf16 or fp16 in, fp32 accumulate), operands
+// read from shared memory with ldmatrix. sm_80 and newer (run on the H200).
+#include <cstdint>
+
+#include "../core/numeric.hpp"
+#include "../platform/platform.hpp"
+
+namespace mlakit::arch {
+
+#if defined(MLAKIT_PLATFORM_CUDA)
+
+// Register fragments of one warp (lane l: g = l / 4, t = l % 4):
+//   A 16x16: 4 x b32;  B 16x8: 2 x b32;  C 16x8: 4 x f32 with element i at
+//   row g + 8 * (i / 2), column 2t + (i % 2).
+template <class T>  // bf16_t or fp16_t
+struct MmaAtomSm80 {
+  static constexpr int kM = 16, kN = 8, kK = 16;
+  static constexpr int kWarpSize = 32;
+  static constexpr int kAccPerLane = 4;
+  // Two C elements (i, i+1) of a lane sit on one row in adjacent columns.
+  static constexpr int kAccPairStride = 2;
+  // Distinct rows a lane holds in one C tile (rows g and g + 8); row_slot maps an element
+  // to its slot, slot_row a slot to its row.
+  static constexpr int kRowsPerLane = 2;
+
+  struct FragA { std::uint32_t r[4]; };
+  struct FragB { std::uint32_t r[2]; };
+  using Acc = float[4];
+
+  __device__ static int acc_row(int i, int lane) { return (lane >> 2) + 8 * (i >> 1); }
+  __device__ static int acc_col(int i, int lane) { return 2 * (lane & 3) + (i & 1); }
+  __device__ static int row_slot(int i) { return i >> 1; }
+  __device__ static int slot_row(int slot, int lane) { return (lane >> 2) + 8 * slot; }
+
+  // Reduces a per-row value over the lanes that hold the same row (the 4 lanes of a quad).
+  __device__ static float row_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+  }
+  __device__ static float row_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+  }
+
+  __device__ static std::uint32_t smem_addr(const void* p) {
+    return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+  }
+
+  // Operands live in shared-memory tiles whose element offsets come from Layout::offset(row,
+  // col) (16-byte chunks may be swizzled; 8 consecutive columns starting at a multiple of 8
+  // are always contiguous).
+
+  // A: rows [row0, row0+16), cols [col0, col0+16) of a row-major tile (Q, P).
+  template <class Layout>
+  __device__ static void load_a(FragA& a, const T* tile, int row0, int col0, int lane) {
+    const T* p = tile + Layout::offset(row0 + (lane & 15), col0 + 8 * (lane >> 4));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(a.r[0]), "=r"(a.r[1]), "=r"(a.r[2]), "=r"(a.r[3])
+                 : "r"(smem_addr(p)));
+  }
+
+  // B of n-tile [n0, n0+8) for k steps k0 and k0+16, from a tile stored [n][k]
+  // (the K tile [token][dim] in S = Q K^T).
+  template <class Layout>
+  __device__ static void load_b_nk(FragB (&b)[2], const T* tile, int n0, int k0, int lane) {
+    const T* p = tile + Layout::offset(n0 + (lane & 7), k0 + 8 * (lane >> 3));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(b[0].r[0]), "=r"(b[0].r[1]), "=r"(b[1].r[0]), "=r"(b[1].r[1])
+                 : "r"(smem_addr(p)));
+  }
+
+  // B of k step [k0, k0+16) for n-tiles n0 and n0+8, from a tile stored [k][n]
+  // (the V tile [token][dim] in O += P V), transposed by ldmatrix.
+  template <class Layout>
+  __device__ static void load_b_kn(FragB (&b)[2], const T* tile, int k0, int n0, int lane) {
+    const T* p =
+        tile + Layout::offset(k0 + (lane & 7) + 8 * ((lane >> 3) & 1), n0 + 8 * (lane >> 4));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(b[0].r[0]), "=r"(b[0].r[1]), "=r"(b[1].r[0]), "=r"(b[1].r[1])
+                 : "r"(smem_addr(p)));
+  }
+
+  __device__ static void mma(Acc& c, const FragA& a, const FragB& b) {
+    if constexpr (DTypeOf<T>::value == DType::bf16) {
+      asm volatile(
+          "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+          "{%8,%9}, {%0,%1,%2,%3};\n"
+          : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+          : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[0]), "r"(b.r[1]));
+    } else {
+      asm volatile(
+          "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+          "{%8,%9}, {%0,%1,%2,%3};\n"
+          : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+          : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[0]), "r"(b.r[1]));
+    }
+  }
+};
+
+#endif  // MLAKIT_PLATFORM_CUDA
+
+}  // namespace mlakit::arch

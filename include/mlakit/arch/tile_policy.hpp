@@ -1,0 +1,43 @@
+#pragma once
+// Per-target tile policies as data (CUB style): the kernel reads these numbers and never
+// branches on the vendor. A policy is chosen by the number of rows (heads x q_len) a request
+// has; rows beyond one tile are spread over more CTAs along the row dimension.
+#include "../platform/platform.hpp"
+
+namespace mlakit::arch {
+
+struct TilePolicy {
+  int rows;        // rows (token, head) per CTA: 16, 32 or 64
+  int kv_tile;     // KV tokens per pipeline step
+  int threads;     // threads per CTA
+  int stages;      // KV tiles in shared memory when KV needs no conversion
+  int raw_bytes;   // shared bytes for raw KV staging when KV is converted (fp8 / other 16-bit)
+};
+
+#if defined(MLAKIT_PLATFORM_HIP)
+// 64 KiB of LDS per workgroup on gfx90a/gfx942: 16 rows, 32-token tiles, 2 waves; KV is
+// converted on its way through registers, so no raw staging in LDS. Compile-checked only.
+inline constexpr TilePolicy kPolicies[] = {
+    {16, 32, 128, 1, 0},
+};
+#else
+// NVIDIA sm_80/sm_90: 8 warps, 64-token tiles; up to 227 KB of shared memory per block.
+// rows 64: Q 72 KB + two 72 KB KV stages + P and reductions ~ 226 KB.
+inline constexpr TilePolicy kPolicies[] = {
+    {16, 64, 256, 2, 73728},
+    {32, 64, 256, 2, 73728},
+    {64, 64, 256, 2, 73728},
+};
+#endif
+
+inline constexpr int kNumPolicies = sizeof(kPolicies) / sizeof(kPolicies[0]);
+
+// Index of the policy for a request with `rows` rows: the smallest tile that holds them,
+// else the largest (several row tiles).
+constexpr int policy_index_for_rows(int rows) {
+  for (int i = 0; i < kNumPolicies; ++i)
+    if (rows <= kPolicies[i].rows) return i;
+  return kNumPolicies - 1;
+}
+
+}  // namespace mlakit::arch

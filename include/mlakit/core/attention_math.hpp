@@ -1,0 +1,75 @@
+#pragma once
+// Formulas shared by the host reference, the host tests and the device kernels, so that the
+// causal window, the online-softmax update and the LSE merge exist exactly once.
+#include <cstdint>
+
+#include "config.hpp"
+
+namespace mlakit {
+
+// log2(e) and ln(2): softmax runs in base 2 (exp2 is one instruction on both vendors).
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.6931471805599453f;
+
+// Number of keys query token t (0-based, of q_len) of a request with kv_len cached tokens may
+// see. Causal masking is bottom-right aligned: token t sees keys j <= kv_len - q_len + t.
+// kv_len < q_len leaves the first tokens with no key at all (0), never a negative count.
+MLAKIT_HOST_DEVICE constexpr int visible_keys(int kv_len, int q_len, int t, bool causal) {
+  if (kv_len <= 0) return 0;
+  if (!causal) return kv_len;
+  const int n = kv_len - q_len + t + 1;
+  return n < 0 ? 0 : (n > kv_len ? kv_len : n);
+}
+
+// Keys visible to any row of a row tile whose last row belongs to query token t_last: the
+// tile's KV range ends there, and only its final KV tiles need a per-row mask.
+MLAKIT_HOST_DEVICE constexpr int tile_visible_keys(int kv_len, int q_len, int t_last,
+                                                   bool causal) {
+  return visible_keys(kv_len, q_len, t_last, causal);
+}
+
+// IEEE -inf without <cmath> (usable in device code and constexpr contexts).
+MLAKIT_HOST_DEVICE constexpr float neg_inf() { return -__builtin_huge_valf(); }
+
+// Running state of one row's online softmax, in base-2 units: m is the running max of
+// s * log2(e) * scale, l the running sum of exp2(x - m). The output accumulator is rescaled by
+// `rescale` whenever m grows.
+struct SoftmaxRowState {
+  float m = neg_inf();
+  float l = 0.0f;
+};
+
+// Natural-log LSE of a finished row from its base-2 state; -inf when the row saw no key.
+MLAKIT_HOST_DEVICE inline float lse_from_state(float m, float l) {
+  if (!(l > 0.0f)) return neg_inf();
+  return (m + __builtin_log2f(l)) * kLn2;
+}
+
+// Merging partial results of one row computed over disjoint key ranges. Each part i has a
+// natural-log LSE (or -inf when it saw no key) and an output already normalised by its own
+// sum. The merged output is sum_i w_i * o_i with w_i = exp(lse_i - lse), lse the merged LSE.
+struct LseMerge {
+  float max_lse = neg_inf();
+  float sum = 0.0f;  // sum_i exp(lse_i - max_lse) over the parts seen so far
+
+  MLAKIT_HOST_DEVICE void add(float lse) {
+    if (lse == neg_inf()) return;
+    if (lse > max_lse) {
+      sum = sum * __builtin_exp2f((max_lse - lse) * kLog2e) + 1.0f;
+      max_lse = lse;
+    } else {
+      sum += __builtin_exp2f((lse - max_lse) * kLog2e);
+    }
+  }
+  // Merged natural-log LSE; -inf when no part saw a key.
+  MLAKIT_HOST_DEVICE float lse() const {
+    return sum > 0.0f ? max_lse + __builtin_log2f(sum) * kLn2 : neg_inf();
+  }
+  // Weight of a part with the given LSE in the merged output (0 for empty parts).
+  MLAKIT_HOST_DEVICE float weight(float part_lse) const {
+    if (part_lse == neg_inf() || !(sum > 0.0f)) return 0.0f;
+    return __builtin_exp2f((part_lse - max_lse) * kLog2e) / sum;
+  }
+};
+
+}  // namespace mlakit

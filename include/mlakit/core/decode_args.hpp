@@ -1,0 +1,106 @@
+#pragma once
+#include <cstdint>
+
+#include "dtype.hpp"
+
+namespace mlakit {
+
+// Fixed MLA widths (absorbed form): each cache row holds 512 latent values followed by 64
+// rotary values; keys use all 576, values the first 512.
+inline constexpr int kHeadDimQK = 576;
+inline constexpr int kHeadDimV = 512;
+
+// The supported domain (design.md). Outside it decode() returns a Status.
+inline constexpr int kMaxHeads = 128;
+inline constexpr int kMaxQLen = 32;
+inline constexpr int kMaxPageSize = 256;
+inline constexpr int kMaxSplits = 64;
+
+enum class SplitMode : std::uint8_t {
+  automatic = 0,  // the device planner balances KV tokens over about two waves of CTAs
+  none = 1,       // one CTA per (request, row tile): no partials, no combine
+  fixed = 2,      // every request is cut into num_splits KV ranges
+};
+
+// How KV pages of each request are found.
+enum class PageIds : std::uint8_t {
+  block_table = 0,  // block_table[b * block_table_stride + i] = page of tokens [i*P, (i+1)*P)
+  csr = 1,          // kv_indices[kv_indptr[b] + i] = page of tokens [i*P, (i+1)*P)
+};
+
+// Everything one decode() call needs. Strides are in elements of the tensor's own dtype;
+// the innermost dimension of Q, KV and O is always contiguous.
+struct DecodeArgs {
+  // --- element types -------------------------------------------------------------------
+  DType q_type = DType::bf16;  // Q and O
+  DType kv_type = DType::bf16;
+
+  // --- shapes ----------------------------------------------------------------------------
+  int batch = 0;      // requests
+  int num_heads = 0;  // query heads sharing the single latent KV head, 1..128
+  int q_len = 0;      // query tokens per request, 1..32 (speculative verify: draft + 1)
+  bool causal = true; // bottom-right aligned: token t sees keys j <= kv_len - q_len + t
+
+  // --- Q: [batch, q_len, num_heads, 576] ---------------------------------------------------
+  const void* q = nullptr;
+  std::int64_t q_stride_batch = 0;
+  std::int64_t q_stride_token = 0;
+  std::int64_t q_stride_head = 0;
+
+  // --- paged latent cache: [num_pages, page_size, 576]; V = first 512 of each row ----------
+  const void* kv = nullptr;
+  std::int64_t kv_stride_page = 0;
+  std::int64_t kv_stride_token = 0;
+  int page_size = 0;  // tokens per page, 1..256
+  float kv_scale = 1.0f;  // fp8 caches: value = decode(byte) * kv_scale; 1 for 16-bit caches
+
+  // --- page ids ----------------------------------------------------------------------------
+  PageIds page_ids = PageIds::block_table;
+  const std::int32_t* block_table = nullptr;  // [batch, >= max_pages_per_request]
+  std::int64_t block_table_stride = 0;
+  int max_pages_per_request = 0;  // block-table capacity; kv_len is clamped to it on device
+  const std::int32_t* kv_indptr = nullptr;   // [batch + 1]
+  const std::int32_t* kv_indices = nullptr;  // [kv_indptr[batch]]
+
+  // kv_len[b] on the device: cached tokens of request b including its q_len new ones.
+  // Any value >= 0; values beyond the request's page capacity are clamped on the device.
+  const std::int32_t* kv_len = nullptr;
+
+  // --- outputs -----------------------------------------------------------------------------
+  void* out = nullptr;  // [batch, q_len, num_heads, 512], q_type
+  std::int64_t o_stride_batch = 0;
+  std::int64_t o_stride_token = 0;
+  std::int64_t o_stride_head = 0;
+  float* lse = nullptr;  // optional [batch, q_len, num_heads], natural log, -inf if no key
+  std::int64_t lse_stride_batch = 0;
+  std::int64_t lse_stride_token = 0;
+  std::int64_t lse_stride_head = 0;
+
+  // --- math and scheduling -----------------------------------------------------------------
+  float softmax_scale = 0.0f;  // multiplies Q.K (model specific: never assumed)
+  SplitMode split_mode = SplitMode::automatic;
+  int num_splits = 0;       // SplitMode::fixed only: 1..64
+  bool deterministic = false;  // results are bitwise reproducible in every mode; see README
+
+  int rows() const { return num_heads * q_len; }  // rows per request, row = t * heads + h
+};
+
+// Sets every stride of `a` for densely packed tensors of the shapes in `a`
+// (Q/O [batch, q_len, heads, D], KV [pages, page_size, 576], LSE [batch, q_len, heads],
+// block table [batch, max_pages_per_request]).
+inline void set_packed_strides(DecodeArgs& a) {
+  a.q_stride_head = kHeadDimQK;
+  a.q_stride_token = std::int64_t(a.num_heads) * kHeadDimQK;
+  a.q_stride_batch = std::int64_t(a.q_len) * a.q_stride_token;
+  a.kv_stride_token = kHeadDimQK;
+  a.kv_stride_page = std::int64_t(a.page_size) * kHeadDimQK;
+  a.o_stride_head = kHeadDimV;
+  a.o_stride_token = std::int64_t(a.num_heads) * kHeadDimV;
+  a.o_stride_batch = std::int64_t(a.q_len) * a.o_stride_token;
+  a.lse_stride_head = 1;
+  a.lse_stride_token = a.num_heads;
+  a.lse_stride_batch = std::int64_t(a.q_len) * a.num_heads;
+  a.block_table_stride = a.max_pages_per_request;
+}
+
+}  // namespace mlakit

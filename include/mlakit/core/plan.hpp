@@ -1,0 +1,224 @@
+#pragma once
+// The split-KV planner's arithmetic, shared by the device planner kernel and the host tests.
+//
+// Every request b gets a cost interval [prefix[b], prefix[b] + cost[b]) on one line; the line
+// [0, total) is cut into `num_ctas` equal intervals of `per_cta` units, one per CTA (per row
+// tile). A CTA processes, in order, the pieces of every request whose interval meets its own,
+// so KV work is balanced whatever the lengths, and the grid depends only on batch, rows and
+// the device, never on kv_len values (one captured graph serves every decode step).
+//
+// Modes: automatic costs a request kOverheadUnits + ceil(kv_len / kPlanTokens) units (the
+// overhead stands for loading Q and writing O); none costs 1 unit per request with one CTA
+// per request; fixed costs num_splits units, one per CTA.
+#include <cstdint>
+
+#include "config.hpp"
+#include "decode_args.hpp"
+
+namespace mlakit {
+
+inline constexpr int kPlanTokens = 64;    // KV tokens per cost unit (one KV tile)
+inline constexpr int kOverheadUnits = 2;  // automatic mode: fixed cost of each request
+inline constexpr int kPlanWaves = 2;      // automatic mode: CTAs per SM to aim for
+
+// Grid-level shape of a plan: everything here is known on the host before launch.
+struct PlanShape {
+  int batch = 0;
+  int row_tiles = 1;   // CTAs along the row dimension (rows of a request / rows per CTA)
+  int num_ctas = 0;    // CTAs along the KV dimension (the planner's G)
+  SplitMode mode = SplitMode::automatic;
+  int fixed_splits = 1;
+
+  // Upper bound on pieces that belong to split requests: each CTA is the first or last CTA
+  // of at most two split requests, and a request strictly inside a CTA's range is unsplit.
+  MLAKIT_HOST_DEVICE std::int64_t max_partials() const {
+    if (mode == SplitMode::none) return 0;
+    const std::int64_t a = 2 * std::int64_t(num_ctas);
+    const std::int64_t b = std::int64_t(num_ctas) + batch;
+    return a < b ? a : b;
+  }
+};
+
+// Number of CTAs along KV for a request mix of `batch` requests and `row_tiles` row tiles on
+// a device with `sm_count` SMs. Depends on nothing that lives on the device.
+MLAKIT_HOST_DEVICE inline int plan_num_ctas(SplitMode mode, int fixed_splits, int batch,
+                                            int row_tiles, int sm_count) {
+  if (batch <= 0) return 0;
+  if (mode == SplitMode::none) return batch;
+  if (mode == SplitMode::fixed) return batch * fixed_splits;
+  const int target = (kPlanWaves * sm_count + row_tiles - 1) / row_tiles;
+  const int cap = batch * kMaxSplits;  // never more pieces than kMaxSplits per request
+  const int g = target < 1 ? 1 : target;
+  return g < cap ? g : cap;
+}
+
+// Request length after the device-side clamp: negative values count as 0 and values past the
+// request's page capacity are cut to it, so no page outside the mapping is ever read.
+MLAKIT_HOST_DEVICE inline int clamp_kv_len(int len, std::int64_t capacity) {
+  if (len <= 0) return 0;
+  return std::int64_t(len) > capacity ? static_cast<int>(capacity) : len;
+}
+
+MLAKIT_HOST_DEVICE inline int request_cost(const PlanShape& p, int kv_len) {
+  switch (p.mode) {
+    case SplitMode::none: return 1;
+    case SplitMode::fixed: return p.fixed_splits;
+    default: return kOverheadUnits + (kv_len + kPlanTokens - 1) / kPlanTokens;
+  }
+}
+
+// First KV token that belongs to cost position `pos` (0..cost) of a request: the pieces of a
+// request cover [token_at(lo), token_at(hi)) and together exactly [0, kv_len).
+MLAKIT_HOST_DEVICE inline int token_at(const PlanShape& p, int kv_len, int cost, int pos) {
+  if (pos >= cost) return kv_len;
+  switch (p.mode) {
+    case SplitMode::none: return 0;
+    case SplitMode::fixed: {
+      const int tiles = (kv_len + kPlanTokens - 1) / kPlanTokens;
+      const int chunk = ((tiles + cost - 1) / cost) * kPlanTokens;
+      const std::int64_t t = std::int64_t(pos) * chunk;
+      return t > kv_len ? kv_len : static_cast<int>(t);
+    }
+    default: {
+      const int u = pos - kOverheadUnits;
+      if (u <= 0) return 0;
+      const std::int64_t t = std::int64_t(u) * kPlanTokens;
+      return t > kv_len ? kv_len : static_cast<int>(t);
+    }
+  }
+}
+
+// Units per CTA for a total cost: ceil(total / num_ctas), at least 1.
+MLAKIT_HOST_DEVICE inline int per_cta_units(int total, int num_ctas) {
+  const int u = (total + num_ctas - 1) / num_ctas;
+  return u < 1 ? 1 : u;
+}
+
+// What the planner writes per request.
+struct RequestPlan {
+  int kv_len;        // clamped length
+  int cost_begin;    // prefix[b]
+  int first_cta;     // first CTA that touches the request
+  int num_pieces;    // CTAs that touch it; > 1 means split (partials + combine)
+  int partial_base;  // first partial slot of a split request (exclusive scan of pieces)
+};
+
+// What the planner writes per CTA: the requests it covers, [req_begin, req_end].
+struct CtaPlan {
+  int req_begin;  // > req_end when the CTA has no work
+  int req_end;
+};
+
+// The piece of request `b` that CTA `c` processes: KV tokens [kv_begin, kv_end) and, for a
+// split request, the partial slot to write.
+struct Piece {
+  int kv_begin;
+  int kv_end;
+  int partial_slot;  // -1: unsplit, write O directly
+};
+
+MLAKIT_HOST_DEVICE inline Piece piece_of(const PlanShape& p, const RequestPlan& r, int c,
+                                         int per_cta) {
+  const int cost = request_cost(p, r.kv_len);
+  const std::int64_t lo_abs = std::int64_t(c) * per_cta;
+  const std::int64_t hi_abs = lo_abs + per_cta;
+  std::int64_t lo = lo_abs - r.cost_begin;
+  std::int64_t hi = hi_abs - r.cost_begin;
+  lo = lo < 0 ? 0 : lo;
+  hi = hi > cost ? cost : hi;
+  Piece piece;
+  piece.kv_begin = token_at(p, r.kv_len, cost, static_cast<int>(lo));
+  piece.kv_end = token_at(p, r.kv_len, cost, static_cast<int>(hi));
+  piece.partial_slot = r.num_pieces > 1 ? r.partial_base + (c - r.first_cta) : -1;
+  return piece;
+}
+
+// Last request whose cost interval starts at or before `pos` (requests sorted by cost_begin).
+MLAKIT_HOST_DEVICE inline int request_at(const RequestPlan* r, int batch, std::int64_t pos) {
+  int lo = 0, hi = batch - 1;  // invariant: r[lo].cost_begin <= pos (r[0].cost_begin == 0)
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (r[mid].cost_begin <= pos) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+// Requests CTA c covers, given every request's cost_begin (total = sum of costs).
+MLAKIT_HOST_DEVICE inline CtaPlan cta_plan_of(const RequestPlan* r, int batch, int c, int per_cta,
+                                              int total) {
+  const std::int64_t lo = std::int64_t(c) * per_cta;
+  std::int64_t hi = lo + per_cta;
+  if (hi > total) hi = total;
+  if (lo >= hi) return CtaPlan{1, 0};
+  return CtaPlan{request_at(r, batch, lo), request_at(r, batch, hi - 1)};
+}
+
+// First and count of the CTAs whose intervals meet request r's.
+MLAKIT_HOST_DEVICE inline void request_ctas(const PlanShape& p, RequestPlan& r, int per_cta) {
+  const int cost = request_cost(p, r.kv_len);
+  r.first_cta = r.cost_begin / per_cta;
+  r.num_pieces = (r.cost_begin + cost - 1) / per_cta - r.first_cta + 1;
+}
+
+// Byte layout of the planner's part of the workspace (the partials follow it).
+struct PlanLayout {
+  std::int64_t requests_offset;  // RequestPlan[batch]
+  std::int64_t ctas_offset;      // CtaPlan[num_ctas]
+  std::int64_t header_offset;    // int[4]: total cost, per_cta units, partial count, spare
+  std::int64_t bytes;            // total, 256-byte aligned
+};
+
+MLAKIT_HOST_DEVICE inline std::int64_t align_up(std::int64_t x, std::int64_t a) {
+  return (x + a - 1) / a * a;
+}
+
+MLAKIT_HOST_DEVICE inline PlanLayout plan_layout(const PlanShape& p) {
+  PlanLayout l;
+  l.header_offset = 0;
+  l.requests_offset = 256;
+  l.ctas_offset = align_up(l.requests_offset + std::int64_t(sizeof(RequestPlan)) * p.batch, 256);
+  l.bytes = align_up(l.ctas_offset + std::int64_t(sizeof(CtaPlan)) * p.num_ctas, 256);
+  return l;
+}
+
+}  // namespace mlakit
+
+#include <vector>
+
+namespace mlakit {
+
+// The whole plan computed on the host with the same functions as the device planner; the
+// tests compare the two, and the reference path of the examples uses it.
+struct HostPlan {
+  int total = 0;
+  int per_cta = 1;
+  int partials = 0;
+  std::vector<RequestPlan> requests;
+  std::vector<CtaPlan> ctas;
+};
+
+inline HostPlan plan_on_host(const PlanShape& p, const int* kv_len_clamped) {
+  HostPlan h;
+  h.requests.resize(p.batch);
+  int prefix = 0;
+  for (int b = 0; b < p.batch; ++b) {
+    h.requests[b].kv_len = kv_len_clamped[b];
+    h.requests[b].cost_begin = prefix;
+    prefix += request_cost(p, kv_len_clamped[b]);
+  }
+  h.total = prefix;
+  h.per_cta = per_cta_units(h.total, p.num_ctas > 0 ? p.num_ctas : 1);
+  int partials = 0;
+  for (int b = 0; b < p.batch; ++b) {
+    request_ctas(p, h.requests[b], h.per_cta);
+    h.requests[b].partial_base = partials;
+    if (h.requests[b].num_pieces > 1) partials += h.requests[b].num_pieces;
+  }
+  h.partials = partials;
+  h.ctas.resize(p.num_ctas);
+  for (int c = 0; c < p.num_ctas; ++c)
+    h.ctas[c] = cta_plan_of(h.requests.data(), p.batch, c, h.per_cta, h.total);
+  return h;
+}
+
+}  // namespace mlakit

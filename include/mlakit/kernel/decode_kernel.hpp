@@ -1,0 +1,482 @@
+#pragma once
+// The split-KV MLA decode kernel.
+//
+// Grid (row_tiles, num_ctas): CTA (r, c) processes rows [r*Rows, (r+1)*Rows) of every
+// request piece the planner gave CTA c (row = token * heads + head). Per piece:
+//   sQ [Rows, 576] resident in shared memory (compute type, swizzled)
+//   for each KV tile of 64 tokens, gathered through the page mapping:
+//     S = Q K^T over 576           warp (rg, cg): rows rg*16.., keys cg*KeysPerWarp..
+//     mask (causal / piece end) only on tiles that reach a row's limit
+//     online softmax in base 2     row max shared across the cg warps through sMax
+//     P -> sP (compute type)       then O[rows rg, cols cg*VCols..] += P V (V = K[:, :512])
+//   O / l * kv_scale -> out (unsplit) or fp32 partial + LSE (split; combine_kernel merges)
+// The mainloop names no instruction: the matrix atom (arch/mma_atom.hpp) and the copy atom
+// (arch/copy_atom.hpp) are the only vendor-specific parts.
+#include <cstdint>
+
+#include "../arch/convert.hpp"
+#include "../arch/copy_atom.hpp"
+#include "../arch/mma_atom.hpp"
+#include "../arch/tile_policy.hpp"
+#include "../core/attention_math.hpp"
+#include "../core/plan.hpp"
+#include "../platform/intrinsics.hpp"
+#include "problem.hpp"
+#include "smem_tile.hpp"
+#include "workspace.hpp"
+
+#if !defined(MLAKIT_PLATFORM_NONE)
+
+namespace mlakit::detail {
+
+template <class ProblemT, int PolicyIndex>
+struct DecodeTraits {
+  using Problem = ProblemT;
+  using T = typename Problem::q_type;
+  using Atom = arch::MmaAtom<T>;
+  using Copy = arch::DefaultCopyAtom;
+  static constexpr arch::TilePolicy kPolicy = arch::kPolicies[PolicyIndex];
+  static constexpr int kRows = kPolicy.rows;
+  static constexpr int kKvTile = kPolicy.kv_tile;
+  static constexpr int kThreads = kPolicy.threads;
+  static constexpr int kWarps = kThreads / Atom::kWarpSize;
+  static constexpr int kRowGroups = kRows / Atom::kM;
+  static constexpr int kColGroups = kWarps / kRowGroups;
+  static constexpr int kKeysPerWarp = kKvTile / kColGroups;
+  static constexpr int kNTilesS = kKeysPerWarp / Atom::kN;
+  static constexpr int kVColsPerWarp = kHeadDimV / kColGroups;
+  static constexpr int kNTilesO = kVColsPerWarp / Atom::kN;
+  static_assert(kRows % Atom::kM == 0 && kWarps % kRowGroups == 0, "warp layout");
+  static_assert(kNTilesS >= 1 && kKeysPerWarp % Atom::kN == 0, "keys per warp");
+  static_assert(kNTilesO % 2 == 0, "V columns are loaded two n-tiles at a time");
+  static_assert(kKvTile % 16 == 0 && kThreads % kKvTile == 0, "copy layout");
+
+  static constexpr bool kDirect = Problem::kDirectKv;
+  // AMD: KV converts on its way through registers (no raw staging in LDS).
+  static constexpr bool kRegisterPath = !Copy::kAsync;
+  static constexpr int kStages = (kDirect || kRegisterPath) ? kPolicy.stages : 1;
+  static constexpr int kRawBytes = (kDirect || kRegisterPath) ? 0 : kPolicy.raw_bytes;
+
+  using QLayout = SwizzledRows<kHeadDimQK>;
+  using KvLayout = SwizzledRows<kHeadDimQK>;
+  using PLayout = SwizzledRows<kKvTile>;
+
+  static constexpr int kTileElems = kKvTile * kHeadDimQK;
+  static constexpr int kQBytes = kRows * kHeadDimQK * 2;
+  static constexpr int kKvBytes = kStages * kTileElems * 2;
+  static constexpr int kPBytes = kRows * kKvTile * 2;
+  static constexpr int kRedBytes = 2 * kColGroups * kRows * 4;
+  static constexpr int kOffKv = kQBytes;
+  static constexpr int kOffRaw = kOffKv + kKvBytes;
+  static constexpr int kOffP = kOffRaw + kRawBytes;
+  static constexpr int kOffRed = kOffP + kPBytes;
+  static constexpr int kSmemBytes = kOffRed + kRedBytes;
+
+  __device__ static int heads(const DecodeArgs& a) {
+    return Problem::kHeads > 0 ? Problem::kHeads : a.num_heads;
+  }
+  __device__ static int q_len(const DecodeArgs& a) {
+    return Problem::kQLen > 0 ? Problem::kQLen : a.q_len;
+  }
+  __device__ static bool causal(const DecodeArgs& a) {
+    return Problem::kCausal == Causal::dynamic ? a.causal : Problem::kCausal == Causal::on;
+  }
+  __device__ static DType kv_dtype(const DecodeArgs& a) {
+    return Problem::kv_is_fixed ? KvDTypeOf<typename Problem::kv_type>::value : a.kv_type;
+  }
+};
+
+// Converts one 16-byte chunk of raw KV (token `tok`, raw chunk `ch`) into the compute tile.
+template <class Tr>
+__device__ __forceinline__ void store_converted(DType kv, const uint4& raw,
+                                                typename Tr::T* tile, int tok, int ch) {
+  using L = typename Tr::KvLayout;
+  if (is_fp8(kv)) {
+    uint4 o0, o1;
+    arch::convert_fp8x16<typename Tr::T>(kv, raw, o0, o1);
+    *reinterpret_cast<uint4*>(tile + L::chunk_offset(tok, 2 * ch)) = o0;
+    *reinterpret_cast<uint4*>(tile + L::chunk_offset(tok, 2 * ch + 1)) = o1;
+  } else {
+    *reinterpret_cast<uint4*>(tile + L::chunk_offset(tok, ch)) =
+        arch::convert_16x8<typename Tr::T>(kv, raw);
+  }
+}
+
+template <class Tr>
+struct DecodeMainloop {
+  using T = typename Tr::T;
+  using Atom = typename Tr::Atom;
+  using Copy = typename Tr::Copy;
+  static constexpr int kThreadsPerToken = Tr::kThreads / Tr::kKvTile;
+
+  const KernelArgs& p;
+  unsigned char* smem;
+  int b, row_tile, heads, q_len, rows, row0;
+  bool causal;
+  DType kv;
+  int kv_bytes;
+
+  __device__ T* sQ() const { return reinterpret_cast<T*>(smem); }
+  __device__ T* sKv(int stage) const {
+    return reinterpret_cast<T*>(smem + Tr::kOffKv) + stage * Tr::kTileElems;
+  }
+  __device__ unsigned char* sRaw() const { return smem + Tr::kOffRaw; }
+  __device__ T* sP() const { return reinterpret_cast<T*>(smem + Tr::kOffP); }
+  __device__ float* sMax() const { return reinterpret_cast<float*>(smem + Tr::kOffRed); }
+  __device__ float* sSum() const { return sMax() + Tr::kColGroups * Tr::kRows; }
+
+  // Byte address of KV token j of request b (j < the request's clamped length).
+  __device__ const unsigned char* kv_row(int j) const {
+    const DecodeArgs& a = p.a;
+    const int page_idx = j / a.page_size;
+    const int in_page = j - page_idx * a.page_size;
+    const std::int64_t page = a.page_ids == PageIds::block_table
+                                  ? a.block_table[b * a.block_table_stride + page_idx]
+                                  : a.kv_indices[a.kv_indptr[b] + page_idx];
+    return static_cast<const unsigned char*>(a.kv) +
+           (page * a.kv_stride_page + std::int64_t(in_page) * a.kv_stride_token) * kv_bytes;
+  }
+
+  __device__ void load_q() const {
+    const DecodeArgs& a = p.a;
+    constexpr int kChunks = kHeadDimQK / 8;
+    for (int c = threadIdx.x; c < Tr::kRows * kChunks; c += Tr::kThreads) {
+      const int r = c / kChunks, ch = c % kChunks;
+      const int row = row0 + r;
+      const bool valid = row < rows;
+      const T* src = static_cast<const T*>(a.q);
+      if (valid) {
+        const int t = row / heads, h = row - t * heads;
+        src += b * a.q_stride_batch + t * a.q_stride_token + h * a.q_stride_head + ch * 8;
+      }
+      Copy::copy16(sQ() + Tr::QLayout::chunk_offset(r, ch), src, valid);
+    }
+  }
+
+  // Issues the copies of KV tile [kt, kt + KvTile) (tokens >= kv_end are zero-filled and
+  // never read). Direct: into compute stage `stage`; raw staging: into raw stage `stage`;
+  // register path: converted into compute stage `stage`.
+  __device__ void load_kv(int kt, int kv_end, int stage) const {
+    const int tok = threadIdx.x / kThreadsPerToken, sub = threadIdx.x % kThreadsPerToken;
+    const int j = kt + tok;
+    const bool valid = j < kv_end;
+    const unsigned char* src = valid ? kv_row(j) : static_cast<const unsigned char*>(p.a.kv);
+    const int row_chunks = kHeadDimQK * kv_bytes / 16;
+    if constexpr (Tr::kDirect) {
+      T* dst = sKv(stage);
+      for (int ch = sub; ch < row_chunks; ch += kThreadsPerToken)
+        Copy::copy16(dst + Tr::KvLayout::chunk_offset(tok, ch), src + ch * 16, valid);
+    } else if constexpr (Tr::kRegisterPath) {
+      T* dst = sKv(stage);
+      for (int ch = sub; ch < row_chunks; ch += kThreadsPerToken) {
+        const uint4 raw =
+            valid ? *reinterpret_cast<const uint4*>(src + ch * 16) : uint4{0, 0, 0, 0};
+        store_converted<Tr>(kv, raw, dst, tok, ch);
+      }
+    } else {
+      unsigned char* dst = sRaw() + stage * (Tr::kKvTile * kHeadDimQK * kv_bytes);
+      for (int ch = sub; ch < row_chunks; ch += kThreadsPerToken)
+        Copy::copy16(dst + tok * kHeadDimQK * kv_bytes + ch * 16, src + ch * 16, valid);
+    }
+  }
+
+  // Raw staging only: raw stage -> compute tile 0.
+  __device__ void convert_raw(int raw_stage) const {
+    const int row_chunks = kHeadDimQK * kv_bytes / 16;
+    const unsigned char* src = sRaw() + raw_stage * (Tr::kKvTile * kHeadDimQK * kv_bytes);
+    for (int c = threadIdx.x; c < Tr::kKvTile * row_chunks; c += Tr::kThreads) {
+      const int tok = c / row_chunks, ch = c % row_chunks;
+      const uint4 raw = *reinterpret_cast<const uint4*>(src + c * 16);
+      store_converted<Tr>(kv, raw, sKv(0), tok, ch);
+    }
+  }
+
+  __device__ void run(const RequestPlan& rq, const Piece& pc) {
+    const int lane = lane_id(), warp = warp_id();
+    const int rg = warp % Tr::kRowGroups, cg = warp / Tr::kRowGroups;
+    const int L = rq.kv_len;
+    const int last_row = (row0 + Tr::kRows < rows ? row0 + Tr::kRows : rows) - 1;
+    // The tile's KV range ends at its largest visible key.
+    const int vis_last = visible_keys(L, q_len, last_row / heads, causal);
+    const int kv_begin = pc.kv_begin;
+    const int kv_end = pc.kv_end < vis_last ? pc.kv_end : vis_last;
+    const int n_tiles = kv_end > kv_begin ? (kv_end - kv_begin + Tr::kKvTile - 1) / Tr::kKvTile : 0;
+    // Keys from here on may be masked for some row of the tile.
+    const int vis_first = visible_keys(L, q_len, row0 / heads, causal);
+    const int mask_from = kv_end < vis_first ? kv_end : vis_first;
+
+    constexpr int kSlots = Atom::kRowsPerLane;
+    float m_run[kSlots], l_run[kSlots];
+    int row_limit[kSlots];
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      m_run[s] = neg_inf();
+      l_run[s] = 0.0f;
+      const int row = row0 + rg * Atom::kM + Atom::slot_row(s, lane);
+      const int v = visible_keys(L, q_len, row / heads, causal);
+      row_limit[s] = v < kv_end ? v : kv_end;
+    }
+    typename Atom::Acc o[Tr::kNTilesO];
+#pragma unroll
+    for (int n = 0; n < Tr::kNTilesO; ++n)
+#pragma unroll
+      for (int i = 0; i < Atom::kAccPerLane; ++i) o[n][i] = 0.0f;
+
+    if (n_tiles > 0) {
+      load_q();
+      const int raw_stages =
+          Tr::kRawBytes > 0 ? Tr::kRawBytes / (Tr::kKvTile * kHeadDimQK * kv_bytes) : 0;
+      if constexpr (Tr::kDirect || Tr::kRegisterPath) {
+        if constexpr (Tr::kStages > 1) {
+          for (int s = 0; s < Tr::kStages - 1; ++s)
+            if (s < n_tiles) load_kv(kv_begin + s * Tr::kKvTile, kv_end, s);
+        }
+        Copy::commit();
+      } else {
+        for (int s = 0; s < raw_stages; ++s) {
+          if (s < n_tiles) load_kv(kv_begin + s * Tr::kKvTile, kv_end, s);
+          Copy::commit();
+        }
+      }
+
+      for (int it = 0; it < n_tiles; ++it) {
+        const int kt = kv_begin + it * Tr::kKvTile;
+        const T* tile;
+        if constexpr (Tr::kDirect || Tr::kRegisterPath) {
+          if constexpr (Tr::kStages == 1) {
+            block_sync();  // everyone is done with the previous tile
+            load_kv(kt, kv_end, 0);
+            Copy::commit();
+          }
+          Copy::template wait<0>();
+          block_sync();
+          if constexpr (Tr::kStages > 1) {
+            const int nx = it + Tr::kStages - 1;
+            if (nx < n_tiles) load_kv(kv_begin + nx * Tr::kKvTile, kv_end, nx % Tr::kStages);
+            Copy::commit();
+          }
+          tile = sKv(it % Tr::kStages);
+        } else {
+          if (raw_stages == 2) Copy::template wait<1>(); else Copy::template wait<0>();
+          block_sync();
+          convert_raw(it % raw_stages);
+          block_sync();
+          const int nx = it + raw_stages;
+          if (nx < n_tiles) load_kv(kv_begin + nx * Tr::kKvTile, kv_end, it % raw_stages);
+          Copy::commit();
+          tile = sKv(0);
+        }
+        tile_step(tile, kt, kt + Tr::kKvTile > mask_from, row_limit, m_run, l_run, o, rg, cg,
+                  lane);
+      }
+    }
+    epilogue(pc, m_run, l_run, o, rg, cg, lane);
+  }
+
+  __device__ void tile_step(const T* tile, int kt, bool need_mask, const int* row_limit,
+                            float* m_run, float* l_run, typename Atom::Acc* o, int rg, int cg,
+                            int lane) const {
+    constexpr int kSlots = Atom::kRowsPerLane;
+    const int key0 = cg * Tr::kKeysPerWarp;
+    const int r0 = rg * Atom::kM;
+
+    // S = Q K^T for this warp's rows and keys.
+    typename Atom::Acc s[Tr::kNTilesS];
+#pragma unroll
+    for (int n = 0; n < Tr::kNTilesS; ++n)
+#pragma unroll
+      for (int i = 0; i < Atom::kAccPerLane; ++i) s[n][i] = 0.0f;
+#pragma unroll 2
+    for (int kc = 0; kc < kHeadDimQK; kc += 2 * Atom::kK) {
+      typename Atom::FragA a0, a1;
+      Atom::template load_a<typename Tr::QLayout>(a0, sQ(), r0, kc, lane);
+      Atom::template load_a<typename Tr::QLayout>(a1, sQ(), r0, kc + Atom::kK, lane);
+#pragma unroll
+      for (int n = 0; n < Tr::kNTilesS; ++n) {
+        typename Atom::FragB bk[2];
+        Atom::template load_b_nk<typename Tr::KvLayout>(bk, tile, key0 + n * Atom::kN, kc, lane);
+        Atom::mma(s[n], a0, bk[0]);
+        Atom::mma(s[n], a1, bk[1]);
+      }
+    }
+
+    // Scale into base-2 units, mask, and the row max of this warp's keys.
+    float mt[kSlots];
+#pragma unroll
+    for (int sl = 0; sl < kSlots; ++sl) mt[sl] = neg_inf();
+#pragma unroll
+    for (int n = 0; n < Tr::kNTilesS; ++n)
+#pragma unroll
+      for (int i = 0; i < Atom::kAccPerLane; ++i) {
+        float x = s[n][i] * p.scale_log2;
+        if (need_mask) {
+          const int key = kt + key0 + n * Atom::kN + Atom::acc_col(i, lane);
+          if (key >= row_limit[Atom::row_slot(i)]) x = neg_inf();
+        }
+        s[n][i] = x;
+        mt[Atom::row_slot(i)] = fmaxf(mt[Atom::row_slot(i)], x);
+      }
+#pragma unroll
+    for (int sl = 0; sl < kSlots; ++sl) {
+      mt[sl] = Atom::row_max(mt[sl]);
+      sMax()[cg * Tr::kRows + r0 + Atom::slot_row(sl, lane)] = mt[sl];
+    }
+    block_sync();
+
+    float m_use[kSlots], alpha[kSlots], lsum[kSlots];
+#pragma unroll
+    for (int sl = 0; sl < kSlots; ++sl) {
+      float m_new = m_run[sl];
+      for (int c = 0; c < Tr::kColGroups; ++c)
+        m_new = fmaxf(m_new, sMax()[c * Tr::kRows + r0 + Atom::slot_row(sl, lane)]);
+      // A row with no visible key so far keeps m = -inf; exponentiate against 0 instead.
+      m_use[sl] = m_new == neg_inf() ? 0.0f : m_new;
+      alpha[sl] = fast_exp2(m_run[sl] - m_use[sl]);
+      m_run[sl] = m_new;
+      lsum[sl] = 0.0f;
+    }
+
+    // P = exp2(S - m), written to sP in the compute type.
+    T* sp = sP();
+#pragma unroll
+    for (int n = 0; n < Tr::kNTilesS; ++n) {
+#pragma unroll
+      for (int i = 0; i < Atom::kAccPerLane; ++i) {
+        const float pv = fast_exp2(s[n][i] - m_use[Atom::row_slot(i)]);
+        s[n][i] = pv;
+        lsum[Atom::row_slot(i)] += pv;
+      }
+      const int col0 = key0 + n * Atom::kN;
+      if constexpr (Atom::kAccPairStride == 2) {
+#pragma unroll
+        for (int i = 0; i < Atom::kAccPerLane; i += 2) {
+          const int r = r0 + Atom::acc_row(i, lane), c = col0 + Atom::acc_col(i, lane);
+          *reinterpret_cast<std::uint32_t*>(sp + Tr::PLayout::offset(r, c)) =
+              arch::pack2<T>(s[n][i], s[n][i + 1]);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < Atom::kAccPerLane; ++i) {
+          const int r = r0 + Atom::acc_row(i, lane), c = col0 + Atom::acc_col(i, lane);
+          sp[Tr::PLayout::offset(r, c)] = from_float<T>(s[n][i]);
+        }
+      }
+    }
+#pragma unroll
+    for (int sl = 0; sl < kSlots; ++sl) l_run[sl] = l_run[sl] * alpha[sl] + lsum[sl];
+#pragma unroll
+    for (int n = 0; n < Tr::kNTilesO; ++n)
+#pragma unroll
+      for (int i = 0; i < Atom::kAccPerLane; ++i) o[n][i] *= alpha[Atom::row_slot(i)];
+    block_sync();
+
+    // O += P V over this warp's V columns (V = the first 512 columns of the KV tile).
+    const int vcol0 = cg * Tr::kVColsPerWarp;
+#pragma unroll
+    for (int kk = 0; kk < Tr::kKvTile; kk += Atom::kK) {
+      typename Atom::FragA pa;
+      Atom::template load_a<typename Tr::PLayout>(pa, sp, r0, kk, lane);
+#pragma unroll
+      for (int n = 0; n < Tr::kNTilesO; n += 2) {
+        typename Atom::FragB vb[2];
+        Atom::template load_b_kn<typename Tr::KvLayout>(vb, tile, kk, vcol0 + n * Atom::kN, lane);
+        Atom::mma(o[n], pa, vb[0]);
+        Atom::mma(o[n + 1], pa, vb[1]);
+      }
+    }
+  }
+
+  __device__ void epilogue(const Piece& pc, const float* m_run, const float* l_run,
+                           typename Atom::Acc* o, int rg, int cg, int lane) const {
+    constexpr int kSlots = Atom::kRowsPerLane;
+    const DecodeArgs& a = p.a;
+    const int r0 = rg * Atom::kM;
+    // Row sums: lanes of a row, then the column-group warps.
+#pragma unroll
+    for (int sl = 0; sl < kSlots; ++sl) {
+      const float l = Atom::row_sum(l_run[sl]);
+      sSum()[cg * Tr::kRows + r0 + Atom::slot_row(sl, lane)] = l;
+    }
+    block_sync();
+    float inv[kSlots], lse[kSlots];
+#pragma unroll
+    for (int sl = 0; sl < kSlots; ++sl) {
+      float l = 0.0f;
+      for (int c = 0; c < Tr::kColGroups; ++c)
+        l += sSum()[c * Tr::kRows + r0 + Atom::slot_row(sl, lane)];
+      inv[sl] = l > 0.0f ? p.out_scale / l : 0.0f;
+      lse[sl] = lse_from_state(m_run[sl], l);
+    }
+    const bool split = pc.partial_slot >= 0;
+    const int vcol0 = cg * Tr::kVColsPerWarp;
+#pragma unroll
+    for (int n = 0; n < Tr::kNTilesO; ++n) {
+#pragma unroll
+      for (int i = 0; i < Atom::kAccPerLane; i += Atom::kAccPairStride) {
+        const int row = row0 + r0 + Atom::acc_row(i, lane);
+        if (row >= rows) continue;
+        const int col = vcol0 + n * Atom::kN + Atom::acc_col(i, lane);
+        const float v0 = o[n][i] * inv[Atom::row_slot(i)];
+        if (split) {
+          float* dst = p.ws.partial_o +
+                       (std::int64_t(pc.partial_slot) * p.ws.rows_padded + row) * kHeadDimV + col;
+          if constexpr (Atom::kAccPairStride == 2)
+            *reinterpret_cast<float2*>(dst) = make_float2(v0, o[n][i + 1] * inv[Atom::row_slot(i)]);
+          else
+            *dst = v0;
+        } else {
+          const int t = row / heads, h = row - t * heads;
+          T* dst = static_cast<T*>(a.out) + b * a.o_stride_batch + t * a.o_stride_token +
+                   h * a.o_stride_head + col;
+          if constexpr (Atom::kAccPairStride == 2)
+            *reinterpret_cast<std::uint32_t*>(dst) =
+                arch::pack2<T>(v0, o[n][i + 1] * inv[Atom::row_slot(i)]);
+          else
+            *dst = from_float<T>(v0);
+        }
+      }
+    }
+    // LSE: one writer per row (column group 0, the lane holding column 0 of the row).
+    if (cg == 0) {
+#pragma unroll
+      for (int sl = 0; sl < kSlots; ++sl) {
+        const int row = row0 + r0 + Atom::slot_row(sl, lane);
+        int first = 0;  // first accumulator element of this row slot
+        for (int i = Atom::kAccPerLane - 1; i >= 0; --i)
+          if (Atom::row_slot(i) == sl) first = i;
+        if (row >= rows || Atom::acc_col(first, lane) != 0) continue;
+        if (split) {
+          p.ws.partial_lse[std::int64_t(pc.partial_slot) * p.ws.rows_padded + row] = lse[sl];
+        } else if (a.lse != nullptr) {
+          const int t = row / heads, h = row - t * heads;
+          a.lse[b * a.lse_stride_batch + t * a.lse_stride_token + h * a.lse_stride_head] = lse[sl];
+        }
+      }
+    }
+  }
+};
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads, 1) decode_kernel(const KernelArgs p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int row_tile = static_cast<int>(blockIdx.x);
+  const int cta = static_cast<int>(blockIdx.y);
+  const CtaPlan cp = p.ws.ctas[cta];
+  const int per_cta = p.ws.header[1];
+  DecodeMainloop<Tr> ml{p, smem, 0, row_tile, Tr::heads(p.a), Tr::q_len(p.a), 0, 0,
+                        Tr::causal(p.a), Tr::kv_dtype(p.a), 0};
+  ml.rows = ml.heads * ml.q_len;
+  ml.row0 = row_tile * Tr::kRows;
+  ml.kv_bytes = static_cast<int>(dtype_bytes(ml.kv));
+  if (ml.row0 >= ml.rows) return;
+  for (int b = cp.req_begin; b <= cp.req_end; ++b) {
+    ml.b = b;
+    const RequestPlan rq = p.ws.requests[b];
+    ml.run(rq, piece_of(p.shape, rq, cta, per_cta));
+    block_sync();  // shared memory is reused by the next piece
+  }
+}
+
+}  // namespace mlakit::detail
+
+#endif  // !MLAKIT_PLATFORM_NONE

@@ -1,0 +1,84 @@
+#pragma once
+// The device planner: one block reads kv_len and writes the work list (RequestPlan per
+// request, CtaPlan per CTA) with the same functions as plan_on_host(). No host read, no
+// dependence of the grid on kv_len: graph capture safe.
+#include "../core/plan.hpp"
+#include "../platform/block_scan.hpp"
+#include "../platform/platform.hpp"
+#include "workspace.hpp"
+
+#if !defined(MLAKIT_PLATFORM_NONE)
+
+namespace mlakit::detail {
+
+inline constexpr int kPlannerThreads = 1024;
+
+__device__ inline std::int64_t page_capacity(const DecodeArgs& a, int b) {
+  if (a.page_ids == PageIds::block_table)
+    return std::int64_t(a.max_pages_per_request) * a.page_size;
+  return std::int64_t(a.kv_indptr[b + 1] - a.kv_indptr[b]) * a.page_size;
+}
+
+template <int Threads = kPlannerThreads>
+__global__ void __launch_bounds__(Threads) plan_kernel(DecodeArgs a, PlanShape shape,
+                                                       WorkspaceView ws) {
+  using Scan = BlockExclusiveSum<Threads>;
+  __shared__ typename Scan::Storage scan_storage;
+  const int tid = static_cast<int>(threadIdx.x);
+
+  // Pass 1: clamped lengths and the exclusive scan of request costs.
+  int carry = 0;
+  for (int base = 0; base < shape.batch; base += Threads) {
+    const int b = base + tid;
+    int len = 0, cost = 0;
+    if (b < shape.batch) {
+      len = clamp_kv_len(a.kv_len[b], page_capacity(a, b));
+      cost = request_cost(shape, len);
+    }
+    int excl = 0, total = 0;
+    Scan(scan_storage).run(cost, excl, total);
+    if (b < shape.batch) {
+      ws.requests[b].kv_len = len;
+      ws.requests[b].cost_begin = carry + excl;
+    }
+    carry += total;
+    __syncthreads();
+  }
+  const int total_cost = carry;
+  const int per_cta = per_cta_units(total_cost, shape.num_ctas);
+
+  // Pass 2: CTAs touching each request, and partial slots of split requests.
+  carry = 0;
+  for (int base = 0; base < shape.batch; base += Threads) {
+    const int b = base + tid;
+    RequestPlan r{};
+    int pieces = 0;
+    if (b < shape.batch) {
+      r = ws.requests[b];  // written by this same thread in pass 1
+      request_ctas(shape, r, per_cta);
+      pieces = r.num_pieces > 1 ? r.num_pieces : 0;
+    }
+    int excl = 0, total = 0;
+    Scan(scan_storage).run(pieces, excl, total);
+    if (b < shape.batch) {
+      r.partial_base = carry + excl;
+      ws.requests[b] = r;
+    }
+    carry += total;
+    __syncthreads();
+  }
+  if (tid == 0) {
+    ws.header[0] = total_cost;
+    ws.header[1] = per_cta;
+    ws.header[2] = carry;
+  }
+  __syncthreads();  // every RequestPlan is written before the CTA ranges search them
+
+  // Pass 3: request range of every CTA.
+  for (int c = tid; c < shape.num_ctas; c += Threads)
+    ws.ctas[c] = cta_plan_of(ws.requests, shape.batch, c, per_cta, total_cost);
+}
+
+}  // namespace mlakit::detail
+
+#endif  // !MLAKIT_PLATFORM_NONE

@@ -1,0 +1,39 @@
+#pragma once
+// Warp-level and math intrinsics with one spelling for both vendors. Device code only.
+#include "platform.hpp"
+
+namespace mlakit::detail {
+
+#if !defined(MLAKIT_PLATFORM_NONE)
+
+#if defined(MLAKIT_PLATFORM_CUDA)
+inline constexpr int kWarpSize = 32;
+#else
+inline constexpr int kWarpSize = 64;  // wave64 on every CDNA target
+#endif
+
+__device__ __forceinline__ float shfl_xor(float v, int mask) {
+#if defined(MLAKIT_PLATFORM_CUDA)
+  return __shfl_xor_sync(0xffffffffu, v, mask);
+#else
+  return __shfl_xor(v, mask, kWarpSize);
+#endif
+}
+
+__device__ __forceinline__ int lane_id() { return static_cast<int>(threadIdx.x) % kWarpSize; }
+__device__ __forceinline__ int warp_id() { return static_cast<int>(threadIdx.x) / kWarpSize; }
+
+// 2^x. The softmax runs in base 2 with log2(e) folded into the scale.
+__device__ __forceinline__ float fast_exp2(float x) {
+#if defined(MLAKIT_PLATFORM_CUDA)
+  return exp2f(x);
+#else
+  return __builtin_amdgcn_exp2f(x);
+#endif
+}
+
+__device__ __forceinline__ void block_sync() { __syncthreads(); }
+
+#endif  // !MLAKIT_PLATFORM_NONE
+
+}  // namespace mlakit::detail

@@ -1,0 +1,261 @@
+// GPU tests of decode(): every axis of the domain against the double-precision reference,
+// on random data with NaN-poisoned outputs, unused pages and page tails.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+
+#include "gpu_harness.hpp"
+
+using namespace mlakit;
+using namespace mlakit::testing;
+
+#define MLAKIT_REQUIRE_GPU()                                  \
+  do {                                                        \
+    if (!gpu_present()) {                                     \
+      WARN("no GPU present: [gpu] test skipped");             \
+      return;                                                 \
+    }                                                         \
+  } while (0)
+
+namespace {
+
+// The shape that aborts a production ROCm stack: bf16 Q, fp8 e4m3 KV, 16 heads, q_len 8,
+// causal, page size 1 with CSR page ids; lengths include 0 and values below q_len.
+Case crash_shape() {
+  Case c;
+  c.q_type = DType::bf16;
+  c.kv_type = DType::fp8_e4m3fn;
+  c.heads = 16;
+  c.q_len = 8;
+  c.causal = true;
+  c.page_size = 1;
+  c.ids = PageIds::csr;
+  c.kv_lens = {0, 5, 1, 64, 65, 777, 2048};
+  return c;
+}
+
+// 16-bit KV of the other type is rounded to the compute type, so S carries that rounding.
+double lse_tolerance(const Case& c) {
+  return (c.kv_type == c.q_type || is_fp8(c.kv_type)) ? 1e-4 : 5e-3;
+}
+
+int g_cases = 0;
+
+void check_case(const Case& c) {
+  INFO(c.name());
+  TestProblem P;
+  build(P, c);
+  REQUIRE(P.ok);
+  DeviceBuffer ws(workspace_for(P.dev));
+  Outcome o = run_device(P, ws);
+  INFO(o.status.message());
+  REQUIRE(o.status.is_ok());
+  const auto ref = run_reference(P);
+  compare(P, ref, o);
+  INFO("rel_l2 " << o.rel_l2 << " max_abs " << o.max_abs << " lse_err " << o.lse_err);
+  CHECK(o.rel_l2 < 1e-2);
+  CHECK(o.lse_err < lse_tolerance(c));
+  ++g_cases;
+}
+
+}  // namespace
+
+TEST_CASE("crash shape: bf16 Q, fp8 KV, 16 heads, q_len 8, causal, page 1 CSR", "[gpu]") {
+  MLAKIT_REQUIRE_GPU();
+  check_case(crash_shape());
+  Case peaky = crash_shape();
+  peaky.q_magnitude = 8.0f;  // sharp softmax
+  peaky.seed = 2;
+  check_case(peaky);
+}
+
+TEST_CASE("every head count with the crash shape", "[gpu]") {
+  MLAKIT_REQUIRE_GPU();
+  for (int h : {1, 8, 12, 16, 32, 64, 128}) {
+    Case c = crash_shape();
+    c.heads = h;
+    c.seed = 100 + h;
+    if (h >= 64) c.kv_lens = {0, 3, 129, 700};
+    check_case(c);
+  }
+}
+
+TEST_CASE("every q_len with the crash shape", "[gpu]") {
+  MLAKIT_REQUIRE_GPU();
+  for (int q : {1, 2, 3, 4, 5, 7, 8, 16, 32}) {
+    Case c = crash_shape();
+    c.q_len = q;
+    c.seed = 200 + q;
+    c.kv_lens = {0, q / 2, q, q + 1, 500, 1500};
+    check_case(c);
+    c.causal = false;
+    c.seed += 1000;
+    check_case(c);
+  }
+}
+
+TEST_CASE("every dtype pair", "[gpu]") {
+  MLAKIT_REQUIRE_GPU();
+  for (DType q : {DType::bf16, DType::fp16})
+    for (DType kv : {DType::bf16, DType::fp16, DType::fp8_e4m3fn, DType::fp8_e4m3fnuz}) {
+      Case c = crash_shape();
+      c.q_type = q;
+      c.kv_type = kv;
+      c.seed = 300 + int(q) * 10 + int(kv);
+      check_case(c);
+      c.heads = 12;  // dynamic instantiation for every pair too
+      c.q_len = 3;
+      c.seed += 50;
+      check_case(c);
+    }
+}
+
+TEST_CASE("page sizes and page-id formats", "[gpu]") {
+  MLAKIT_REQUIRE_GPU();
+  for (int ps : {1, 3, 16, 64, 100, 256})
+    for (PageIds ids : {PageIds::block_table, PageIds::csr}) {
+      Case c = crash_shape();
+      c.page_size = ps;
+      c.ids = ids;
+      c.seed = 400 + ps * 2 + int(ids);
+      check_case(c);
+    }
+}
+
+TEST_CASE("split modes, LSE on and off", "[gpu]") {
+  MLAKIT_REQUIRE_GPU();
+  struct S { SplitMode m; int n; };
+  for (S s : {S{SplitMode::automatic, 0}, S{SplitMode::none, 0}, S{SplitMode::fixed, 1},
+              S{SplitMode::fixed, 3}, S{SplitMode::fixed, 7}, S{SplitMode::fixed, 64}})
+    for (bool lse : {true, false}) {
+      Case c = crash_shape();
+      c.split = s.m;
+      c.num_splits = s.n;
+      c.lse = lse;
+      c.seed = 500 + int(s.m) * 100 + s.n + (lse ? 1 : 0);
+      check_case(c);
+    }
+}
+
+TEST_CASE("length mixes: 0, below q_len, 1 to 100k in one batch", "[gpu]") {
+  MLAKIT_REQUIRE_GPU();
+  Case c = crash_shape();
+  c.q_len = 2;
+  c.kv_lens = {100000, 1, 0, 100, 1000, 2};
+  c.seed = 600;
+  check_case(c);
+  Case d = crash_shape();
+  d.kv_lens.assign(40, 0);  // a larger batch of short and empty requests
+  for (int i = 0; i < 40; ++i) d.kv_lens[i] = (i * 37) % 90;
+  d.seed = 601;
+  check_case(d);
+}
+
+TEST_CASE("random cross-product sample of the domain", "[gpu]") {
+  MLAKIT_REQUIRE_GPU();
+  std::mt19937 rng(7);
+  const int heads[] = {1, 8, 12, 16, 32, 64, 128};
+  const int qlens[] = {1, 2, 3, 4, 5, 7, 8, 16, 32};
+  const int pages[] = {1, 16, 64, 5};
+  for (int i = 0; i < 40; ++i) {
+    Case c;
+    c.q_type = rng() % 2 ? DType::bf16 : DType::fp16;
+    c.kv_type = DType(rng() % 4);
+    c.heads = heads[rng() % 7];
+    c.q_len = qlens[rng() % 9];
+    if (c.heads * c.q_len > 1024) c.q_len = 1024 / c.heads;  // keeps the reference quick
+    c.causal = rng() % 2;
+    c.page_size = pages[rng() % 4];
+    c.ids = rng() % 2 ? PageIds::csr : PageIds::block_table;
+    c.split = SplitMode(rng() % 3);
+    c.num_splits = 1 + rng() % 9;
+    c.lse = rng() % 2;
+    const int n = 1 + rng() % 5;
+    c.kv_lens.clear();
+    for (int j = 0; j < n; ++j) c.kv_lens.push_back(rng() % 3 == 0 ? rng() % 10 : rng() % 1500);
+    c.seed = 700 + i;
+    check_case(c);
+  }
+}
+
+TEST_CASE("deterministic: repeated runs are bitwise equal", "[gpu]") {
+  MLAKIT_REQUIRE_GPU();
+  for (SplitMode m : {SplitMode::automatic, SplitMode::fixed}) {
+    Case c = crash_shape();
+    c.split = m;
+    c.num_splits = 5;
+    c.kv_lens = {5000, 17, 3000};
+    TestProblem P;
+    build(P, c);
+    REQUIRE(P.ok);
+    P.dev.deterministic = true;
+    DeviceBuffer ws(workspace_for(P.dev));
+    Outcome a = run_device(P, ws);
+    Outcome b = run_device(P, ws);
+    REQUIRE(a.status.is_ok());
+    REQUIRE(b.status.is_ok());
+    CHECK(a.out == b.out);
+    CHECK(std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 4) == 0);
+  }
+}
+
+#if defined(MLAKIT_PLATFORM_CUDA)
+TEST_CASE("graph capture: one captured graph replays while kv_len changes", "[gpu]") {
+  MLAKIT_REQUIRE_GPU();
+  Case c = crash_shape();
+  c.kv_lens = {2000, 1500, 900};  // capacity; replays use shorter lengths
+  TestProblem P;
+  build(P, c);
+  REQUIRE(P.ok);
+  DeviceBuffer ws(workspace_for(P.dev));
+  cudaStream_t stream;
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  // Warm-up call outside capture (first call sets kernel attributes).
+  REQUIRE(decode(P.dev, ws.ptr, ws.bytes, stream).is_ok());
+  REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+  cudaGraph_t graph;
+  REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  const Status s = decode(P.dev, ws.ptr, ws.bytes, stream);
+  REQUIRE(cudaStreamEndCapture(stream, &graph) == cudaSuccess);
+  REQUIRE(s.is_ok());
+  cudaGraphExec_t exec;
+  REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+  const std::vector<std::vector<int>> steps = {{2000, 1500, 900}, {7, 1499, 0}, {1234, 3, 64}};
+  for (const auto& lens : steps) {
+    P.kv_len.assign(lens.begin(), lens.end());
+    REQUIRE(gpu_h2d(P.d_kv_len.ptr, P.kv_len.data(), P.kv_len.size() * 4));
+    std::vector<std::uint16_t> nan_out(P.out_elems, 0xFFFF);
+    REQUIRE(gpu_h2d(P.d_out.ptr, nan_out.data(), nan_out.size() * 2));
+    REQUIRE(cudaGraphLaunch(exec, stream) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    Outcome o;
+    o.out.resize(P.out_elems);
+    o.lse.resize(P.lse_elems);
+    REQUIRE(gpu_d2h(o.out.data(), P.d_out.ptr, P.out_elems * 2));
+    REQUIRE(gpu_d2h(o.lse.data(), P.d_lse.ptr, P.lse_elems * 4));
+    const auto ref = run_reference(P);  // host args see the new lengths
+    compare(P, ref, o);
+    INFO("lens " << lens[0] << " " << lens[1] << " " << lens[2] << " rel " << o.rel_l2);
+    CHECK(o.rel_l2 < 1e-2);
+    CHECK(o.lse_err < 1e-4);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+#endif
+
+TEST_CASE("decode errors: out-of-domain arguments return a Status", "[gpu]") {
+  MLAKIT_REQUIRE_GPU();
+  TestProblem P;
+  build(P, crash_shape());
+  REQUIRE(P.ok);
+  DeviceBuffer ws(workspace_for(P.dev));
+  DecodeArgs a = P.dev;
+  a.q_len = 33;
+  Status s = decode(a, ws.ptr, ws.bytes, nullptr);
+  CHECK(s.code() == StatusCode::invalid_argument);
+  CHECK(s.message().find("q_len = 33") != std::string::npos);
+  s = decode(P.dev, ws.ptr, 16, nullptr);
+  CHECK(s.code() == StatusCode::workspace_too_small);
+}

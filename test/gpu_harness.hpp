@@ -1,0 +1,336 @@
+#pragma once
+// GPU test harness: builds a random paged problem on the host (NaN-poisoned unused pages
+// and page tails), runs decode() on the device with NaN-poisoned outputs, and compares with
+// the double-precision reference. Shared by the GPU tests, the examples and the benchmark.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <future>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <mlakit/mlakit.hpp>
+#include <mlakit/reference/decode_reference.hpp>
+
+namespace mlakit::testing {
+
+#if defined(MLAKIT_PLATFORM_CUDA)
+#define MLAKIT_T_CHECK(x) gpu_check((x), #x, __FILE__, __LINE__)
+inline bool gpu_check(cudaError_t e, const char* what, const char* file, int line) {
+  if (e == cudaSuccess) return true;
+  std::fprintf(stderr, "%s:%d: %s: %s\n", file, line, what, cudaGetErrorString(e));
+  return false;
+}
+inline bool gpu_malloc(void** p, std::size_t n) { return MLAKIT_T_CHECK(cudaMalloc(p, n)); }
+inline void gpu_free(void* p) { cudaFree(p); }
+inline bool gpu_h2d(void* d, const void* h, std::size_t n) {
+  return MLAKIT_T_CHECK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
+}
+inline bool gpu_d2h(void* h, const void* d, std::size_t n) {
+  return MLAKIT_T_CHECK(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost));
+}
+inline bool gpu_sync() { return MLAKIT_T_CHECK(cudaDeviceSynchronize()); }
+inline bool gpu_present() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+#elif defined(MLAKIT_PLATFORM_HIP)
+#define MLAKIT_T_CHECK(x) gpu_check((x), #x, __FILE__, __LINE__)
+inline bool gpu_check(hipError_t e, const char* what, const char* file, int line) {
+  if (e == hipSuccess) return true;
+  std::fprintf(stderr, "%s:%d: %s: %s\n", file, line, what, hipGetErrorString(e));
+  return false;
+}
+inline bool gpu_malloc(void** p, std::size_t n) { return MLAKIT_T_CHECK(hipMalloc(p, n)); }
+inline void gpu_free(void* p) { (void)hipFree(p); }
+inline bool gpu_h2d(void* d, const void* h, std::size_t n) {
+  return MLAKIT_T_CHECK(hipMemcpy(d, h, n, hipMemcpyHostToDevice));
+}
+inline bool gpu_d2h(void* h, const void* d, std::size_t n) {
+  return MLAKIT_T_CHECK(hipMemcpy(h, d, n, hipMemcpyDeviceToHost));
+}
+inline bool gpu_sync() { return MLAKIT_T_CHECK(hipDeviceSynchronize()); }
+inline bool gpu_present() {
+  int n = 0;
+  return hipGetDeviceCount(&n) == hipSuccess && n > 0;
+}
+#endif
+
+// One device buffer, freed on scope exit.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  std::size_t bytes = 0;
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(std::size_t n) : bytes(n) {
+    if (n > 0 && !gpu_malloc(&ptr, n)) ptr = nullptr;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() {
+    if (ptr) gpu_free(ptr);
+  }
+  // Frees the old buffer and allocates n bytes.
+  bool reset(std::size_t n) {
+    if (ptr) gpu_free(ptr);
+    ptr = nullptr;
+    bytes = n;
+    return n == 0 || gpu_malloc(&ptr, n);
+  }
+  template <class T>
+  T* as() const { return static_cast<T*>(ptr); }
+};
+
+struct Case {
+  DType q_type = DType::bf16;
+  DType kv_type = DType::fp8_e4m3fn;
+  int heads = 16;
+  int q_len = 8;
+  bool causal = true;
+  int page_size = 1;
+  PageIds ids = PageIds::csr;
+  std::vector<int> kv_lens = {300, 1000};
+  SplitMode split = SplitMode::automatic;
+  int num_splits = 0;
+  bool lse = true;
+  std::uint64_t seed = 1;
+  float q_magnitude = 1.0f;  // larger values make the softmax peaky
+
+  std::string name() const {
+    std::string s = std::string(dtype_name(q_type)) + "/" + dtype_name(kv_type) +
+                    " h" + std::to_string(heads) + " q" + std::to_string(q_len) +
+                    (causal ? " causal" : " full") + " ps" + std::to_string(page_size) +
+                    (ids == PageIds::csr ? " csr" : " bt") + " split" +
+                    std::to_string(int(split)) + "/" + std::to_string(num_splits) +
+                    (lse ? " lse" : "") + " lens";
+    for (std::size_t i = 0; i < kv_lens.size() && i < 6; ++i)
+      s += " " + std::to_string(kv_lens[i]);
+    if (kv_lens.size() > 6) s += " ...(" + std::to_string(kv_lens.size()) + ")";
+    return s;
+  }
+};
+
+inline std::uint16_t nan_bits16(DType t) { return t == DType::bf16 ? 0x7FC0 : 0x7E00; }
+inline std::uint8_t nan_bits8(DType t) { return t == DType::fp8_e4m3fn ? 0x7F : 0x80; }
+
+inline std::uint16_t encode16(DType t, float v) {
+  return t == DType::bf16 ? encode_bf16(v) : encode_fp16(v);
+}
+
+// A problem on the host and its device copy.
+struct TestProblem {
+  Case c;
+  DecodeArgs host;  // pointers to the host vectors below
+  DecodeArgs dev;   // same strides, device pointers
+  std::vector<std::uint16_t> q;
+  std::vector<std::uint8_t> kv;  // raw cache bytes
+  std::vector<std::int32_t> block_table, indptr, indices, kv_len;
+  DeviceBuffer d_q, d_kv, d_bt, d_indptr, d_indices, d_kv_len, d_out, d_lse;
+  std::size_t out_elems = 0, lse_elems = 0;
+  bool ok = false;
+};
+
+// Builds a random problem. Pages are assigned in a random order, with unused pages and the
+// tail of each request's last page filled with NaN so that any read past kv_len shows up.
+inline void build(TestProblem& P, const Case& c) {
+  P.c = c;
+  std::mt19937_64 rng(c.seed);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  DecodeArgs a;
+  a.q_type = c.q_type;
+  a.kv_type = c.kv_type;
+  a.batch = static_cast<int>(c.kv_lens.size());
+  a.num_heads = c.heads;
+  a.q_len = c.q_len;
+  a.causal = c.causal;
+  a.page_size = c.page_size;
+  a.page_ids = c.ids;
+  a.split_mode = c.split;
+  a.num_splits = c.num_splits;
+  a.softmax_scale = 1.0f / std::sqrt(192.0f) * (0.8f + 0.4f * (uni(rng) + 1.0f) / 2.0f);
+  a.kv_scale = is_fp8(c.kv_type) ? 0.02f + 0.01f * uni(rng) : 1.0f;
+  std::vector<int> pages_of(a.batch);
+  int max_pages = 1, used_pages = 0;
+  for (int b = 0; b < a.batch; ++b) {
+    pages_of[b] = (c.kv_lens[b] + c.page_size - 1) / c.page_size;
+    max_pages = std::max(max_pages, pages_of[b]);
+    used_pages += pages_of[b];
+  }
+  const int spare = 3 + used_pages / 10;  // never referenced: poisoned
+  const int num_pages = used_pages + spare;
+  a.max_pages_per_request = max_pages;
+  set_packed_strides(a);
+
+  // Q
+  const std::size_t q_elems = std::size_t(a.batch) * a.q_len * a.num_heads * kHeadDimQK;
+  P.q.resize(q_elems);
+  for (auto& v : P.q) v = encode16(c.q_type, uni(rng) * c.q_magnitude);
+  // KV cache: random values everywhere, then NaN where nothing may be read.
+  const std::size_t eb = dtype_bytes(c.kv_type);
+  const std::size_t row_bytes = kHeadDimQK * eb;
+  P.kv.assign(std::size_t(num_pages) * c.page_size * row_bytes, 0);
+  auto put = [&](std::size_t row, int d, float v) {
+    std::uint8_t* p = P.kv.data() + row * row_bytes + d * eb;
+    if (eb == 2) {
+      const std::uint16_t h = encode16(c.kv_type, v);
+      std::memcpy(p, &h, 2);
+    } else {
+      *p = c.kv_type == DType::fp8_e4m3fn ? encode_e4m3fn(v) : encode_e4m3fnuz(v);
+    }
+  };
+  auto poison = [&](std::size_t row) {
+    std::uint8_t* p = P.kv.data() + row * row_bytes;
+    for (int d = 0; d < kHeadDimQK; ++d) {
+      if (eb == 2) {
+        const std::uint16_t h = nan_bits16(c.kv_type);
+        std::memcpy(p + 2 * d, &h, 2);
+      } else {
+        p[d] = nan_bits8(c.kv_type);
+      }
+    }
+  };
+  const float kv_range = is_fp8(c.kv_type) ? (c.kv_type == DType::fp8_e4m3fn ? 400.f : 200.f) : 1.f;
+  std::vector<int> perm(num_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  for (std::size_t r = 0; r < std::size_t(num_pages) * c.page_size; ++r) poison(r);
+  // Request b uses pages perm[first_b .. first_b + pages_of[b]).
+  P.block_table.assign(std::size_t(a.batch) * max_pages, perm[num_pages - 1]);  // a NaN page
+  P.indptr.assign(a.batch + 1, 0);
+  P.indices.clear();
+  P.kv_len.assign(c.kv_lens.begin(), c.kv_lens.end());
+  int next = 0;
+  for (int b = 0; b < a.batch; ++b) {
+    P.indptr[b + 1] = P.indptr[b] + pages_of[b];
+    for (int i = 0; i < pages_of[b]; ++i) {
+      const int page = perm[next++];
+      P.block_table[std::size_t(b) * max_pages + i] = page;
+      P.indices.push_back(page);
+      for (int r = 0; r < c.page_size; ++r) {
+        const int tok = i * c.page_size + r;
+        if (tok >= c.kv_lens[b]) break;  // the page tail stays NaN
+        const std::size_t row = std::size_t(page) * c.page_size + r;
+        for (int d = 0; d < kHeadDimQK; ++d) put(row, d, uni(rng) * kv_range);
+      }
+    }
+  }
+  if (P.indices.empty()) P.indices.push_back(0);
+
+  P.out_elems = std::size_t(a.batch) * a.q_len * a.num_heads * kHeadDimV;
+  P.lse_elems = std::size_t(a.batch) * a.q_len * a.num_heads;
+
+  P.host = a;
+  P.host.q = P.q.data();
+  P.host.kv = P.kv.data();
+  P.host.block_table = P.block_table.data();
+  P.host.kv_indptr = P.indptr.data();
+  P.host.kv_indices = P.indices.data();
+  P.host.kv_len = P.kv_len.data();
+
+  P.d_q.reset(P.q.size() * 2);
+  P.d_kv.reset(P.kv.size());
+  P.d_bt.reset(P.block_table.size() * 4);
+  P.d_indptr.reset(P.indptr.size() * 4);
+  P.d_indices.reset(P.indices.size() * 4);
+  P.d_kv_len.reset(P.kv_len.size() * 4);
+  P.d_out.reset(P.out_elems * 2);
+  P.d_lse.reset(P.lse_elems * 4);
+  P.ok = P.d_q.ptr && P.d_kv.ptr && P.d_bt.ptr && P.d_indptr.ptr && P.d_indices.ptr &&
+         P.d_kv_len.ptr && P.d_out.ptr && P.d_lse.ptr &&
+         gpu_h2d(P.d_q.ptr, P.q.data(), P.q.size() * 2) &&
+         gpu_h2d(P.d_kv.ptr, P.kv.data(), P.kv.size()) &&
+         gpu_h2d(P.d_bt.ptr, P.block_table.data(), P.block_table.size() * 4) &&
+         gpu_h2d(P.d_indptr.ptr, P.indptr.data(), P.indptr.size() * 4) &&
+         gpu_h2d(P.d_indices.ptr, P.indices.data(), P.indices.size() * 4) &&
+         gpu_h2d(P.d_kv_len.ptr, P.kv_len.data(), P.kv_len.size() * 4);
+  P.dev = a;
+  P.dev.q = P.d_q.ptr;
+  P.dev.kv = P.d_kv.ptr;
+  P.dev.block_table = P.d_bt.as<std::int32_t>();
+  P.dev.kv_indptr = P.d_indptr.as<std::int32_t>();
+  P.dev.kv_indices = P.d_indices.as<std::int32_t>();
+  P.dev.kv_len = P.d_kv_len.as<std::int32_t>();
+  P.dev.out = P.d_out.ptr;
+  P.dev.lse = c.lse ? P.d_lse.as<float>() : nullptr;
+}
+
+// Reference computed request by request on all host cores.
+inline reference::ReferenceOutput run_reference(const TestProblem& P) {
+  const DecodeArgs& a = P.host;
+  reference::ReferenceOutput all;
+  all.out.assign(P.out_elems, 0.0);
+  all.lse.assign(P.lse_elems, 0.0);
+  std::vector<std::future<void>> jobs;
+  for (int b = 0; b < a.batch; ++b) {
+    jobs.push_back(std::async(std::launch::async, [&, b] {
+      DecodeArgs one = a;
+      one.batch = 1;
+      one.q = static_cast<const std::uint16_t*>(a.q) + b * a.q_stride_batch;
+      one.kv_len = a.kv_len + b;
+      one.block_table = a.block_table + std::int64_t(b) * a.block_table_stride;
+      one.kv_indptr = a.kv_indptr + b;
+      reference::ReferenceOutput r;
+      Status s = reference::decode_reference(one, &r);
+      if (!s) std::fprintf(stderr, "reference: %s\n", s.message().c_str());
+      std::copy(r.out.begin(), r.out.end(), all.out.begin() + std::size_t(b) * a.q_len * a.num_heads * kHeadDimV);
+      std::copy(r.lse.begin(), r.lse.end(), all.lse.begin() + std::size_t(b) * a.q_len * a.num_heads);
+    }));
+  }
+  for (auto& j : jobs) j.get();
+  return all;
+}
+
+struct Outcome {
+  Status status;
+  double rel_l2 = INFINITY, max_abs = INFINITY, lse_err = INFINITY;
+  std::vector<std::uint16_t> out;  // raw device output
+  std::vector<float> lse;
+};
+
+// Poisons the outputs with NaN, runs decode() and reads the outputs back.
+inline Outcome run_device(TestProblem& P, DeviceBuffer& ws, Stream stream = nullptr) {
+  Outcome o;
+  std::vector<std::uint16_t> nan_out(P.out_elems, 0xFFFF);
+  std::vector<float> nan_lse(P.lse_elems, NAN);
+  if (!gpu_h2d(P.d_out.ptr, nan_out.data(), P.out_elems * 2) ||
+      !gpu_h2d(P.d_lse.ptr, nan_lse.data(), P.lse_elems * 4)) {
+    o.status = Status(StatusCode::runtime_error, "poison copy failed");
+    return o;
+  }
+  o.status = decode(P.dev, ws.ptr, ws.bytes, stream);
+  if (!o.status) return o;
+  if (!gpu_sync()) {
+    o.status = Status(StatusCode::runtime_error, "kernel failed (see stderr)");
+    return o;
+  }
+  o.out.resize(P.out_elems);
+  o.lse.resize(P.lse_elems);
+  gpu_d2h(o.out.data(), P.d_out.ptr, P.out_elems * 2);
+  gpu_d2h(o.lse.data(), P.d_lse.ptr, P.lse_elems * 4);
+  return o;
+}
+
+inline void compare(const TestProblem& P, const reference::ReferenceOutput& ref, Outcome& o) {
+  std::vector<double> got(P.out_elems);
+  for (std::size_t i = 0; i < P.out_elems; ++i)
+    got[i] = P.c.q_type == DType::bf16 ? decode_bf16(o.out[i]) : decode_fp16(o.out[i]);
+  o.rel_l2 = reference::rel_l2_error(ref.out, got);
+  o.max_abs = reference::max_abs_error(ref.out, got);
+  if (P.c.lse) {
+    std::vector<double> gl(o.lse.begin(), o.lse.end());
+    o.lse_err = reference::max_lse_error(ref.lse, gl);
+  } else {
+    o.lse_err = 0.0;
+  }
+}
+
+inline std::size_t workspace_for(const DecodeArgs& a) {
+  DeviceInfo dev;
+  if (!cached_device_info(&dev)) return 0;
+  return workspace_bytes(a, dev);
+}
+
+}  // namespace mlakit::testing

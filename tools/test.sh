@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The project's test command (the README names it): host-only build + all CTest tests.
+#   bash tools/test.sh                      # what a developer runs
+#   bash tools/test.sh -DMLAKIT_WERROR=ON   # extra arguments go to the configure step (CI)
+# MLAKIT_JOBS sets the build parallelism (default 2: the machines here have 2 cores).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cmake -S . -B build -G Ninja -DMLAKIT_BACKEND=NONE "$@"
+cmake --build build -j "${MLAKIT_JOBS:-2}"
+ctest --test-dir build --output-on-failure
