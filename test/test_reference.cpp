@@ -10,6 +10,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mlakit/core/attention_math.hpp"
@@ -36,6 +37,19 @@ struct CaseSpec {
   float softmax_scale = 0.07f;
   std::uint64_t seed = 1;
 };
+
+CaseSpec spec(PageIds ids, int page_size, int heads, int q_len, bool causal, std::vector<int> lens,
+              std::uint64_t seed) {
+  CaseSpec c;
+  c.ids = ids;
+  c.page_size = page_size;
+  c.heads = heads;
+  c.q_len = q_len;
+  c.causal = causal;
+  c.lens = std::move(lens);
+  c.seed = seed;
+  return c;
+}
 
 // A built case: storage for the paged inputs, the DecodeArgs over it, and the dense truth.
 struct Built {
@@ -248,15 +262,10 @@ TEST_CASE("reference matches the naive formula over page formats, sizes, heads, 
     for (int ps : {1, 3, 16, 64})
       for (auto hq : {std::pair<int, int>{1, 1}, {12, 3}, {16, 8}})
         for (bool causal : {true, false}) {
-          CaseSpec c;
-          c.ids = ids;
-          c.page_size = ps;
-          c.heads = hq.first;
-          c.q_len = hq.second;
-          c.causal = causal;
-          c.lens = {hq.second + 17, 5 + int(seed % 61), ps == 64 ? 70 : 50};  // 64: crosses a page
-          c.padded = (seed % 2) == 1;
-          c.seed = seed++;
+          // Lengths: q_len + 17, a random one, and one crossing at least one page boundary.
+          CaseSpec c = spec(ids, ps, hq.first, hq.second, causal,
+                            {hq.second + 17, 5 + int(seed % 61), ps == 64 ? 70 : 50}, seed);
+          c.padded = (seed++ % 2) == 1;
           check_against_naive(c);
         }
 }
@@ -265,14 +274,7 @@ TEST_CASE("kv_len 0 and kv_len < q_len give O = 0 and LSE = -inf for rows withou
           "[reference]") {
   for (PageIds ids : {PageIds::block_table, PageIds::csr})
     for (bool causal : {true, false}) {
-      CaseSpec c;
-      c.ids = ids;
-      c.heads = 12;
-      c.q_len = 8;
-      c.page_size = 3;
-      c.causal = causal;
-      c.lens = {0, 3, 8, 1, 0};
-      c.seed = 7 + int(causal);
+      const CaseSpec c = spec(ids, 3, 12, 8, causal, {0, 3, 8, 1, 0}, 7 + int(causal));
       check_against_naive(c);
       const Built B = build(c);
       ReferenceOutput r;
@@ -301,32 +303,22 @@ TEST_CASE("fp8 and 16-bit caches with kv_scale != 1, bf16 and fp16 Q", "[referen
   for (DType kv : {DType::fp8_e4m3fn, DType::fp8_e4m3fnuz, DType::bf16, DType::fp16})
     for (DType q : {DType::bf16, DType::fp16})
       for (float scale : {0.37f, 1.75f}) {
-        CaseSpec c;
+        const PageIds ids = (seed % 2) ? PageIds::csr : PageIds::block_table;
+        CaseSpec c = spec(ids, 16, 16, 3, true, {40, 3, 17}, seed);
         c.q_type = q;
         c.kv_type = kv;
         c.kv_scale = scale;
-        c.heads = 16;
-        c.q_len = 3;
-        c.page_size = 16;
-        c.ids = (seed % 2) ? PageIds::csr : PageIds::block_table;
-        c.softmax_scale = is_fp8(kv) ? 0.02f / scale : 0.07f / scale;
-        c.lens = {40, 3, 17};
-        c.padded = (seed % 3) == 0;
-        c.seed = seed++;
+        c.softmax_scale = is_fp8(kv) ? 0.02f / scale : 0.07f / scale;  // keeps scores O(1)
+        c.padded = (seed++ % 3) == 0;
         check_against_naive(c);
       }
 }
 
 TEST_CASE("kv_len beyond the page capacity is clamped to it", "[reference]") {
   for (PageIds ids : {PageIds::block_table, PageIds::csr}) {
-    CaseSpec c;
-    c.ids = ids;
-    c.heads = 12;
-    c.q_len = 3;
-    c.page_size = 16;
+    // csr: 48 and 32 fill their pages; block table: 48 fills all 3 pages of every request.
+    CaseSpec c = spec(ids, 16, 12, 3, true, {48, 20, 32}, 77);
     c.clamp = true;
-    c.lens = {48, 20, 32};  // csr: 48 and 32 fill their pages; block table: 48 fills 3 pages
-    c.seed = 77;
     const Built B = build(c);
     CHECK(B.kv_len[0] == 53);  // told more than the capacity
     check_against_naive(c);
@@ -334,17 +326,10 @@ TEST_CASE("kv_len beyond the page capacity is clamped to it", "[reference]") {
 }
 
 TEST_CASE("split-then-merge over disjoint key ranges equals the unsplit reference", "[reference]") {
-  CaseSpec c;
-  c.heads = 12;
-  c.q_len = 8;
-  c.page_size = 16;
-  c.causal = true;
-  c.ids = PageIds::csr;
+  CaseSpec c = spec(PageIds::csr, 16, 12, 8, true, {100, 5, 0}, 555);
   c.kv_type = DType::fp8_e4m3fn;
   c.kv_scale = 0.5f;
   c.softmax_scale = 0.05f;
-  c.lens = {100, 5, 0};
-  c.seed = 555;
   const Built B = build(c);
   ReferenceOutput whole;
   REQUIRE(reference::decode_reference(B.a, &whole).is_ok());
@@ -392,55 +377,34 @@ TEST_CASE("split-then-merge over disjoint key ranges equals the unsplit referenc
 }
 
 TEST_CASE("invalid reference inputs return a Status naming the argument", "[reference]") {
-  CaseSpec c;
-  c.heads = 1;
-  c.q_len = 1;
-  c.lens = {5};
-  const Built B = build(c);
+  const Built B = build(spec(PageIds::block_table, 16, 1, 1, true, {5}, 9));
   ReferenceOutput r;
-  auto expect_invalid = [&](DecodeArgs a, const char* name) {
-    const Status s = reference::decode_reference(a, &r);
-    INFO(name << ": " << s.message());
-    CHECK_FALSE(s.is_ok());
-    CHECK(s.code() == StatusCode::invalid_argument);
-    CHECK(s.message().find(name) != std::string::npos);
-  };
   REQUIRE(reference::decode_reference(B.a, &r).is_ok());
-  DecodeArgs a = B.a;
-  a.q = nullptr;
-  expect_invalid(a, "q is null");
-  a = B.a;
-  a.kv = nullptr;
-  expect_invalid(a, "kv is null");
-  a = B.a;
-  a.kv_len = nullptr;
-  expect_invalid(a, "kv_len is null");
-  a = B.a;
-  a.page_size = 0;
-  expect_invalid(a, "page_size 0");
-  a = B.a;
-  a.page_size = -3;
-  expect_invalid(a, "page_size -3");
-  a = B.a;
-  a.num_heads = 0;
-  expect_invalid(a, "num_heads 0");
-  a = B.a;
-  a.q_len = 0;
-  expect_invalid(a, "q_len 0");
-  a = B.a;
-  a.q_type = DType::fp8_e4m3fn;
-  expect_invalid(a, "q_type fp8_e4m3fn");
-  a = B.a;
-  a.block_table = nullptr;
-  expect_invalid(a, "block_table is null");
-  a = B.a;
-  a.page_ids = PageIds::csr;
-  expect_invalid(a, "kv_indptr is null");
   std::vector<std::int32_t> bad_table(B.table);
   bad_table[0] = -1;
-  a = B.a;
-  a.block_table = bad_table.data();
-  expect_invalid(a, "page id -1");
+  using Edit = void (*)(DecodeArgs&, const std::int32_t*);
+  const std::vector<std::pair<const char*, Edit>> cases = {
+      {"q is null", [](DecodeArgs& a, const std::int32_t*) { a.q = nullptr; }},
+      {"kv is null", [](DecodeArgs& a, const std::int32_t*) { a.kv = nullptr; }},
+      {"kv_len is null", [](DecodeArgs& a, const std::int32_t*) { a.kv_len = nullptr; }},
+      {"page_size 0", [](DecodeArgs& a, const std::int32_t*) { a.page_size = 0; }},
+      {"page_size -3", [](DecodeArgs& a, const std::int32_t*) { a.page_size = -3; }},
+      {"num_heads 0", [](DecodeArgs& a, const std::int32_t*) { a.num_heads = 0; }},
+      {"q_len 0", [](DecodeArgs& a, const std::int32_t*) { a.q_len = 0; }},
+      {"q_type fp8_e4m3fn",
+       [](DecodeArgs& a, const std::int32_t*) { a.q_type = DType::fp8_e4m3fn; }},
+      {"block_table is null", [](DecodeArgs& a, const std::int32_t*) { a.block_table = nullptr; }},
+      {"kv_indptr is null", [](DecodeArgs& a, const std::int32_t*) { a.page_ids = PageIds::csr; }},
+      {"page id -1", [](DecodeArgs& a, const std::int32_t* bad) { a.block_table = bad; }},
+  };
+  for (const auto& [name, edit] : cases) {
+    DecodeArgs a = B.a;
+    edit(a, bad_table.data());
+    const Status s = reference::decode_reference(a, &r);
+    INFO(name << ": " << s.message());
+    CHECK(s.code() == StatusCode::invalid_argument);
+    CHECK(s.message().find(name) != std::string::npos);  // names the argument and its value
+  }
   CHECK_FALSE(reference::decode_reference(B.a, nullptr).is_ok());
   double o[kHeadDimV], l;
   CHECK_FALSE(reference::decode_reference_range(B.a, 1, 0, 0, 0, 5, o, &l).is_ok());

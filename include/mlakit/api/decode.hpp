@@ -63,8 +63,9 @@ inline Status supported(const DecodeArgs& a) {
 
 namespace detail {
 
-// Raises the dynamic shared-memory limit of one kernel once per device.
-template <class Kernel>
+// Raises the dynamic shared-memory limit of one kernel once per device. `Tag` makes the
+// "done" flags distinct per kernel instantiation (all of them share one pointer type).
+template <class Tag, class Kernel>
 inline Status prepare_kernel(Kernel kernel, int smem_bytes, int device) {
   constexpr int kMaxDevices = 64;
   static std::atomic<bool> done[kMaxDevices] = {};
@@ -91,7 +92,7 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
     return Status(StatusCode::not_supported,
                   "device shared memory per block " + std::to_string(dev.max_smem_optin) +
                       " < " + std::to_string(Tr::kSmemBytes) + " bytes the kernel needs");
-  Status s = prepare_kernel(decode_kernel<Tr>, Tr::kSmemBytes, dev.device);
+  Status s = prepare_kernel<Tr>(decode_kernel<Tr>, Tr::kSmemBytes, dev.device);
   if (!s) return s;
 
   KernelArgs k;
