@@ -1,0 +1,298 @@
+// mlakit benchmark (Google Benchmark). Measures its own ceilings first (device copy and a
+// cuBLAS bf16 matrix product), then sweeps decode shapes. Per shape: one correctness check of
+// sampled rows against the double-precision reference, then timed calls rotating over KV sets
+// so the cache does not sit in L2; counters give the median time, bytes/s and FLOP/s as
+// counted in shared/facts.md, percent of the measured ceilings, the plan (CTAs, partials) and
+// the time with split-KV off (planner + combine overhead = time - time with splits off).
+//   mlakit_bench [--quick] [google benchmark flags, e.g. --benchmark_format=json]
+#include <benchmark/benchmark.h>
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu_harness.hpp"
+
+using namespace mlakit;
+using namespace mlakit::testing;
+
+namespace {
+
+double g_copy_tbps = 0, g_mma_tflops = 0;
+std::uint8_t* g_pool = nullptr;  // random KV rows, large enough for the biggest shape
+std::size_t g_pool_bytes = 0;
+
+__global__ void fill_random(std::uint8_t* p, std::size_t n, int fp8, std::uint32_t seed) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n / 2;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    std::uint32_t h = std::uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
+    std::uint16_t v;
+    if (fp8) {
+      std::uint8_t a = h & 0xFF, b = (h >> 8) & 0xFF;
+      if ((a & 0x7F) == 0x7F) a ^= 0x08;  // no NaN codes
+      if ((b & 0x7F) == 0x7F) b ^= 0x08;
+      v = std::uint16_t(a | (b << 8));
+    } else {  // bf16 in (-2, 2): exponent 126/127, random mantissa and sign
+      v = std::uint16_t(((h & 1) << 15) | ((126 + ((h >> 1) & 1)) << 7) | ((h >> 2) & 0x7F));
+    }
+    reinterpret_cast<std::uint16_t*>(p)[i] = v;
+  }
+}
+
+float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.f : v[v.size() / 2];
+}
+
+void measure_ceilings() {
+  const std::size_t n = std::size_t(2) << 30;
+  void *a, *b;
+  cudaMalloc(&a, n); cudaMalloc(&b, n);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0); cudaEventCreate(&e1);
+  std::vector<float> t;
+  for (int i = 0; i < 12; ++i) {
+    cudaEventRecord(e0);
+    cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice);
+    cudaEventRecord(e1); cudaEventSynchronize(e1);
+    float ms; cudaEventElapsedTime(&ms, e0, e1);
+    if (i >= 2) t.push_back(ms);
+  }
+  g_copy_tbps = 2.0 * n / (median(t) * 1e-3) / 1e12;
+  cudaFree(a); cudaFree(b);
+  const int N = 8192;
+  void *A, *B, *C;
+  cudaMalloc(&A, std::size_t(N) * N * 2); cudaMalloc(&B, std::size_t(N) * N * 2);
+  cudaMalloc(&C, std::size_t(N) * N * 2);
+  fill_random<<<1024, 256>>>(static_cast<std::uint8_t*>(A), std::size_t(N) * N * 2, 0, 1);
+  fill_random<<<1024, 256>>>(static_cast<std::uint8_t*>(B), std::size_t(N) * N * 2, 0, 2);
+  cublasHandle_t h; cublasCreate(&h);
+  const float one = 1.f, zero = 0.f;
+  t.clear();
+  for (int i = 0; i < 12; ++i) {
+    cudaEventRecord(e0);
+    cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, N, N, N, &one, A, CUDA_R_16BF, N, B, CUDA_R_16BF,
+                 N, &zero, C, CUDA_R_16BF, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    cudaEventRecord(e1); cudaEventSynchronize(e1);
+    float ms; cudaEventElapsedTime(&ms, e0, e1);
+    if (i >= 2) t.push_back(ms);
+  }
+  g_mma_tflops = 2.0 * N * double(N) * N / (median(t) * 1e-3) / 1e12;
+  cublasDestroy(h);
+  cudaFree(A); cudaFree(B); cudaFree(C);
+}
+
+struct Shape {
+  int heads, q_len; DType kv; int batch, kv_len, page_size; bool causal = true;
+};
+
+// Gathers the KV rows of request b into a contiguous buffer (for the reference check).
+__global__ void gather_rows(const std::uint8_t* pool, const std::int32_t* indices, int ps,
+                            std::size_t row_bytes, int n, std::uint8_t* out) {
+  for (int j = blockIdx.x; j < n; j += gridDim.x) {
+    const std::uint8_t* src = pool + (std::size_t(indices[j / ps]) * ps + j % ps) * row_bytes;
+    for (std::size_t k = threadIdx.x; k < row_bytes; k += blockDim.x)
+      out[std::size_t(j) * row_bytes + k] = src[k];
+  }
+}
+
+void run_shape(benchmark::State& st, Shape s) {
+  const std::size_t eb = dtype_bytes(s.kv), row_bytes = 576 * eb;
+  const std::size_t pages_per_req = (s.kv_len + s.page_size - 1) / s.page_size;
+  const std::size_t set_pages = pages_per_req * s.batch;
+  const std::size_t set_bytes = set_pages * s.page_size * row_bytes;
+  const std::size_t pool_pages = g_pool_bytes / (s.page_size * row_bytes);
+  if (set_pages > pool_pages) { st.SkipWithError("does not fit in the pool"); return; }
+  // Rotate over sets until ~1 GB is touched (L2 is 60 MB), within the pool.
+  const int sets = int(std::max<std::size_t>(1, std::min<std::size_t>(
+      pool_pages / set_pages, (std::size_t(1) << 30) / std::max<std::size_t>(set_bytes, 1) + 1)));
+  std::mt19937 rng(s.heads * 131 + s.q_len * 7 + s.batch + s.kv_len);
+  // Page ids: a random permutation of the pool's pages (CSR, one shuffled list per set).
+  std::vector<std::int32_t> perm(pool_pages);
+  for (std::size_t i = 0; i < pool_pages; ++i) perm[i] = std::int32_t(i);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<std::int32_t> indptr(s.batch + 1), lens(s.batch, s.kv_len);
+  for (int b = 0; b <= s.batch; ++b) indptr[b] = std::int32_t(b * pages_per_req);
+  DeviceBuffer d_idx(std::size_t(sets) * set_pages * 4), d_indptr(indptr.size() * 4),
+      d_len(lens.size() * 4);
+  gpu_h2d(d_idx.ptr, perm.data(), std::size_t(sets) * set_pages * 4);
+  gpu_h2d(d_indptr.ptr, indptr.data(), indptr.size() * 4);
+  gpu_h2d(d_len.ptr, lens.data(), lens.size() * 4);
+  const std::size_t q_elems = std::size_t(s.batch) * s.q_len * s.heads * 576;
+  const std::size_t o_elems = std::size_t(s.batch) * s.q_len * s.heads * 512;
+  DeviceBuffer d_q(q_elems * 2), d_o(o_elems * 2), d_lse(o_elems / 512 * 4);
+  fill_random<<<1024, 256>>>(d_q.as<std::uint8_t>(), q_elems * 2, 0, 7);
+  DecodeArgs a;
+  a.q_type = DType::bf16; a.kv_type = s.kv; a.batch = s.batch; a.num_heads = s.heads;
+  a.q_len = s.q_len; a.causal = s.causal; a.page_size = s.page_size; a.page_ids = PageIds::csr;
+  set_packed_strides(a);
+  a.q = d_q.ptr; a.kv = g_pool; a.out = d_o.ptr; a.lse = nullptr;
+  a.kv_indptr = d_indptr.as<std::int32_t>(); a.kv_indices = d_idx.as<std::int32_t>();
+  a.kv_len = d_len.as<std::int32_t>();
+  a.softmax_scale = 0.0721f; a.kv_scale = is_fp8(s.kv) ? 0.01f : 1.0f;
+  DeviceInfo dev; cached_device_info(&dev);
+  DeviceBuffer ws(workspace_bytes(a, dev));
+
+  // Correctness: 8 sampled rows of request 0 and request batch-1 against the reference.
+  {
+    Status stc = decode(a, ws.ptr, ws.bytes, nullptr);
+    if (!stc || !gpu_sync()) { st.SkipWithError(stc.message().c_str()); return; }
+    std::vector<std::uint16_t> out(o_elems), q(q_elems);
+    gpu_d2h(out.data(), d_o.ptr, o_elems * 2);
+    gpu_d2h(q.data(), d_q.ptr, q_elems * 2);
+    double worst = 0;
+    for (int b : {0, s.batch - 1}) {
+      DeviceBuffer rows(std::size_t(s.kv_len) * row_bytes);
+      gather_rows<<<1024, 128>>>(g_pool, d_idx.as<std::int32_t>() + b * pages_per_req,
+                                 s.page_size, row_bytes, s.kv_len, rows.as<std::uint8_t>());
+      std::vector<std::uint8_t> kv(std::size_t(s.kv_len) * row_bytes);
+      gpu_d2h(kv.data(), rows.ptr, kv.size());
+      DecodeArgs h = a;
+      std::int32_t zero = 0, len = s.kv_len, ip[2] = {0, 1};
+      h.batch = 1; h.q = q.data() + std::size_t(b) * a.q_stride_batch; h.kv = kv.data();
+      h.page_size = std::max(1, s.kv_len); h.kv_stride_page = std::int64_t(h.page_size) * 576;
+      h.kv_indptr = ip; h.kv_indices = &zero; h.kv_len = &len;
+      for (int k = 0; k < 4; ++k) {
+        const int t = rng() % s.q_len, hd = rng() % s.heads;
+        double o[512], lse;
+        reference::decode_reference_range(h, 0, t, hd, 0, s.kv_len, o, &lse);
+        std::vector<double> ref(o, o + 512), got(512);
+        for (int d = 0; d < 512; ++d)
+          got[d] = decode_bf16(out[((std::size_t(b) * s.q_len + t) * s.heads + hd) * 512 + d]);
+        worst = std::max(worst, reference::rel_l2_error(ref, got));
+      }
+    }
+    st.counters["check_rel_l2"] = worst;
+    if (!(worst < 1e-2)) { st.SkipWithError("reference check failed"); return; }
+  }
+
+  cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
+  auto time_call = [&](const DecodeArgs& args, int set) {
+    DecodeArgs x = args;
+    x.kv_indices = d_idx.as<std::int32_t>() + std::size_t(set) * set_pages;
+    cudaEventRecord(e0);
+    decode(x, ws.ptr, ws.bytes, nullptr);
+    cudaEventRecord(e1); cudaEventSynchronize(e1);
+    float ms; cudaEventElapsedTime(&ms, e0, e1);
+    return ms;
+  };
+  for (int i = 0; i < 3; ++i) time_call(a, i % sets);
+  std::vector<float> times;
+  int it = 0;
+  for (auto _ : st) {
+    const float ms = time_call(a, it++ % sets);
+    times.push_back(ms);
+    st.SetIterationTime(ms * 1e-3);
+  }
+  DecodeArgs none = a; none.split_mode = SplitMode::none;
+  std::vector<float> t_none;
+  for (int i = 0; i < 10; ++i) t_none.push_back(time_call(none, i % sets));
+  const double sec = median(times) * 1e-3;
+  const double tokens = double(s.batch) * s.kv_len;
+  const double bytes = tokens * row_bytes + q_elems * 2.0 + o_elems * 2.0;
+  const double flops = 2.0 * s.q_len * s.heads * (576 + 512) * tokens;
+  st.counters["us"] = sec * 1e6;
+  st.counters["us_split_off"] = median(t_none) * 1e3;
+  st.counters["TBps"] = bytes / sec / 1e12;
+  st.counters["TFLOPs"] = flops / sec / 1e12;
+  st.counters["pct_bw"] = 100.0 * bytes / sec / 1e12 / g_copy_tbps;
+  st.counters["pct_mma"] = 100.0 * flops / sec / 1e12 / g_mma_tflops;
+  const int rows = s.heads * s.q_len;
+  const int rt = (rows + detail::policy_rows(a) - 1) / detail::policy_rows(a);
+  st.counters["ctas"] = plan_num_ctas(a.split_mode, 1, s.batch, rt, dev.sm_count) * double(rt);
+  int header[3] = {0, 0, 0};
+  gpu_d2h(header, ws.ptr, sizeof(header));
+  st.counters["partials"] = header[2];
+  st.counters["copy_TBps"] = g_copy_tbps;
+  st.counters["mma_TFLOPs"] = g_mma_tflops;
+  cudaEventDestroy(e0); cudaEventDestroy(e1);
+}
+
+// Host cost of decode(): validation + dispatch + launch enqueue, per call.
+void BM_host_api(benchmark::State& st) {
+  Shape s{16, 8, DType::fp8_e4m3fn, 128, 8192, 1};
+  DecodeArgs a;
+  a.q_type = DType::bf16; a.kv_type = s.kv; a.batch = s.batch; a.num_heads = 16; a.q_len = 8;
+  a.page_size = 1; a.page_ids = PageIds::csr; set_packed_strides(a);
+  DeviceBuffer q(16), o(16), ip(4 * 129), idx(4), len(4 * 128);
+  std::vector<std::int32_t> zeros(129, 0);
+  gpu_h2d(ip.ptr, zeros.data(), 129 * 4); gpu_h2d(len.ptr, zeros.data(), 128 * 4);
+  a.q = q.ptr; a.kv = g_pool; a.out = o.ptr; a.kv_indptr = ip.as<std::int32_t>();
+  a.kv_indices = idx.as<std::int32_t>(); a.kv_len = len.as<std::int32_t>();
+  a.softmax_scale = 0.07f;
+  DeviceInfo dev; cached_device_info(&dev);
+  DeviceBuffer ws(workspace_bytes(a, dev));
+  cudaStream_t stream; cudaStreamCreate(&stream);
+  decode(a, ws.ptr, ws.bytes, stream);  // kv_len 0: kernels do almost nothing
+  cudaStreamSynchronize(stream);
+  int n = 0;
+  for (auto _ : st) {
+    benchmark::DoNotOptimize(decode(a, ws.ptr, ws.bytes, stream));
+    if (++n % 256 == 0) { st.PauseTiming(); cudaStreamSynchronize(stream); st.ResumeTiming(); }
+  }
+  cudaStreamSynchronize(stream);
+  cudaStreamDestroy(stream);
+}
+
+std::string shape_name(const Shape& s) {
+  return std::string("decode/h") + std::to_string(s.heads) + "/q" + std::to_string(s.q_len) +
+         "/" + (s.kv == DType::bf16 ? "bf16" : "fp8") + "/b" + std::to_string(s.batch) +
+         "/kv" + std::to_string(s.kv_len) + "/ps" + std::to_string(s.page_size);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (!gpu_present()) { std::printf("no GPU present: nothing to benchmark\n"); return 0; }
+  bool quick = false;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (std::string(argv[i]) == "--quick") quick = true; else args.push_back(argv[i]);
+  }
+  measure_ceilings();
+  std::printf("ceilings: device copy %.2f TB/s (read + write), cuBLAS bf16 8192^3 %.0f TFLOP/s\n",
+              g_copy_tbps, g_mma_tflops);
+  g_pool_bytes = std::size_t(24) << 30;
+  if (cudaMalloc(&g_pool, g_pool_bytes) != cudaSuccess) { std::printf("pool alloc failed\n"); return 1; }
+  fill_random<<<4096, 256>>>(g_pool, g_pool_bytes, 1, 3);  // fp8 codes; bf16 shapes get
+  cudaDeviceSynchronize();                                 // random bf16 bits below
+  std::vector<Shape> shapes;
+  // The issue's reference points: 16 heads, batch 128, kv_len 8192.
+  for (DType kv : {DType::fp8_e4m3fn, DType::bf16})
+    for (int q : {1, 2, 4, 8, 16})
+      for (int ps : {1, 64}) shapes.push_back({16, q, kv, 128, 8192, ps});
+  if (!quick) {
+    for (int h : {12, 32, 64, 128})
+      for (int q : {1, 2, 4, 8, 16})
+        for (DType kv : {DType::fp8_e4m3fn, DType::bf16}) shapes.push_back({h, q, kv, 32, 8192, 64});
+    for (int q : {1, 8})
+      for (int b : {1, 8, 32, 128})
+        for (int L : {1024, 8192, 32768, 131072})
+          for (DType kv : {DType::fp8_e4m3fn, DType::bf16})
+            if (!(b == 128 && L == 8192)) shapes.push_back({16, q, kv, b, L, 1});
+  }
+  for (const Shape& s : shapes) {
+    benchmark::RegisterBenchmark(shape_name(s).c_str(), [s](benchmark::State& st) {
+      // bf16 shapes: refill the pool region with bf16 values once per dtype switch
+      static DType filled = DType::fp8_e4m3fn;
+      if (s.kv != filled) {
+        fill_random<<<4096, 256>>>(g_pool, g_pool_bytes, is_fp8(s.kv) ? 1 : 0, 3);
+        cudaDeviceSynchronize();
+        filled = s.kv;
+      }
+      run_shape(st, s);
+    })->UseManualTime()->Iterations(20)->Unit(benchmark::kMicrosecond);
+  }
+  benchmark::RegisterBenchmark("host_api/decode_enqueue", BM_host_api)->Unit(benchmark::kMicrosecond);
+  int n = int(args.size());
+  benchmark::Initialize(&n, args.data());
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  cudaFree(g_pool);
+  return 0;
+}
