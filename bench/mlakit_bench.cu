@@ -219,7 +219,8 @@ void BM_host_api(benchmark::State& st) {
   DecodeArgs a;
   a.q_type = DType::bf16; a.kv_type = s.kv; a.batch = s.batch; a.num_heads = 16; a.q_len = 8;
   a.page_size = 1; a.page_ids = PageIds::csr; set_packed_strides(a);
-  DeviceBuffer q(16), o(16), ip(4 * 129), idx(4), len(4 * 128);
+  DeviceBuffer q(std::size_t(128) * 8 * 16 * 576 * 2), o(std::size_t(128) * 8 * 16 * 512 * 2),
+      ip(4 * 129), idx(4), len(4 * 128);
   std::vector<std::int32_t> zeros(129, 0);
   gpu_h2d(ip.ptr, zeros.data(), 129 * 4); gpu_h2d(len.ptr, zeros.data(), 128 * 4);
   a.q = q.ptr; a.kv = g_pool; a.out = o.ptr; a.kv_indptr = ip.as<std::int32_t>();

@@ -257,7 +257,10 @@ struct DecodeMainloop {
           }
           tile = sKv(it % Tr::kStages);
         } else {
-          if (raw_stages == 2) Copy::template wait<1>(); else Copy::template wait<0>();
+          // Raw stages: 1 (16-bit KV of the other type) to 3 (fp8, small row tiles).
+          if (raw_stages >= 3) Copy::template wait<2>();
+          else if (raw_stages == 2) Copy::template wait<1>();
+          else Copy::template wait<0>();
           block_sync();
           convert_raw(it % raw_stages);
           block_sync();
@@ -280,12 +283,18 @@ struct DecodeMainloop {
     const int key0 = cg * Tr::kKeysPerWarp;
     const int r0 = rg * Atom::kM;
 
-    // S = Q K^T for this warp's rows and keys.
-    typename Atom::Acc s[Tr::kNTilesS];
+    // S = Q K^T for this warp's rows and keys. With few n-tiles per warp the mma chain on
+    // one accumulator is the critical path, so even and odd k32 steps accumulate separately.
+    constexpr int kChains = Tr::kNTilesS >= 4 ? 1 : 2;
+    typename Atom::Acc s[Tr::kNTilesS], s2[kChains > 1 ? Tr::kNTilesS : 1];
 #pragma unroll
     for (int n = 0; n < Tr::kNTilesS; ++n)
 #pragma unroll
       for (int i = 0; i < Atom::kAccPerLane; ++i) s[n][i] = 0.0f;
+#pragma unroll
+    for (int n = 0; n < (kChains > 1 ? Tr::kNTilesS : 1); ++n)
+#pragma unroll
+      for (int i = 0; i < Atom::kAccPerLane; ++i) s2[n][i] = 0.0f;
 #pragma unroll 2
     for (int kc = 0; kc < kHeadDimQK; kc += 2 * Atom::kK) {
       typename Atom::FragA a0, a1;
@@ -296,8 +305,17 @@ struct DecodeMainloop {
         typename Atom::FragB bk[2];
         Atom::template load_b_nk<typename Tr::KvLayout>(bk, tile, key0 + n * Atom::kN, kc, lane);
         Atom::mma(s[n], a0, bk[0]);
-        Atom::mma(s[n], a1, bk[1]);
+        if constexpr (kChains > 1)
+          Atom::mma(s2[n], a1, bk[1]);
+        else
+          Atom::mma(s[n], a1, bk[1]);
       }
+    }
+    if constexpr (kChains > 1) {
+#pragma unroll
+      for (int n = 0; n < Tr::kNTilesS; ++n)
+#pragma unroll
+        for (int i = 0; i < Atom::kAccPerLane; ++i) s[n][i] += s2[n][i];
     }
 
     // Scale into base-2 units, mask, and the row max of this warp's keys.
