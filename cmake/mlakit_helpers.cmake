@@ -73,6 +73,25 @@ macro(mlakit_select_backend)
       message(FATAL_ERROR "MLAKIT_BACKEND=HIP needs hipcc (or a HIP-capable clang++) as the C++ "
                           "compiler: configure with CXX=hipcc cmake ... (found ${CMAKE_CXX_COMPILER})")
     endif()
+    # hip-config.cmake globs <prefix>/lib/clang/*/include for the compiler's resource headers
+    # (added to hip::device as -isystem) and the clang_rt.builtins library; with two clangs
+    # installed (Debian: clang 14 from the base system, clang 15 for hipcc) it takes the
+    # first, the wrong one. Point both at the resource directory of the compiler in use.
+    if(NOT DEFINED CACHE{HIP_CLANG_INCLUDE_PATH})
+      execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-resource-dir
+                      OUTPUT_VARIABLE _mlakit_clang_res OUTPUT_STRIP_TRAILING_WHITESPACE
+                      ERROR_QUIET RESULT_VARIABLE _mlakit_res_rc)
+      if(_mlakit_res_rc EQUAL 0 AND EXISTS "${_mlakit_clang_res}/include/stddef.h")
+        set(HIP_CLANG_INCLUDE_PATH "${_mlakit_clang_res}/include" CACHE PATH
+            "Resource headers of the HIP compiler (set by mlakit)")
+        set(_mlakit_builtins
+            "${_mlakit_clang_res}/lib/linux/libclang_rt.builtins-${CMAKE_SYSTEM_PROCESSOR}.a")
+        if(EXISTS "${_mlakit_builtins}" AND NOT DEFINED CACHE{CLANGRT_BUILTINS})
+          set(CLANGRT_BUILTINS "${_mlakit_builtins}" CACHE FILEPATH
+              "clang_rt.builtins of the HIP compiler (set by mlakit)")
+        endif()
+      endif()
+    endif()
     find_package(hip CONFIG REQUIRED)
     find_package(rocprim CONFIG QUIET)
     if(NOT MLAKIT_HIP_ARCHS)

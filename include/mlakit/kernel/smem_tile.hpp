@@ -7,18 +7,21 @@
 
 namespace mlakit::detail {
 
-template <int Cols>  // elements per row, a multiple of 64
+template <int Cols>  // elements per row: a multiple of 64, or 8 x a power of two below that
 struct SwizzledRows {
-  static_assert(Cols % 64 == 0, "swizzle groups are 8 chunks of 8 elements");
   static constexpr int kCols = Cols;
   static constexpr int kChunks = Cols / 8;
+  // Rows of fewer than 8 chunks (e.g. a 32-wide P tile) swizzle over the chunks they have.
+  static constexpr int kMask = kChunks >= 8 ? 7 : kChunks - 1;
+  static_assert(Cols % 8 == 0 && (kChunks % 8 == 0 || (kChunks & (kChunks - 1)) == 0),
+                "swizzle groups are 8 (or a power of two of) chunks of 8 elements");
   // Element offset of (row, col); 8 columns from a multiple of 8 are contiguous.
   MLAKIT_HOST_DEVICE static constexpr int offset(int row, int col) {
-    return row * Cols + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
+    return row * Cols + ((((col >> 3) ^ (row & kMask))) << 3) + (col & 7);
   }
   // Element offset of 16-byte chunk `chunk` (logical) of `row`.
   MLAKIT_HOST_DEVICE static constexpr int chunk_offset(int row, int chunk) {
-    return row * Cols + ((chunk ^ (row & 7)) << 3);
+    return row * Cols + ((chunk ^ (row & kMask)) << 3);
   }
 };
 

@@ -1,0 +1,438 @@
+// Host tests of core/plan.hpp (the split-KV planner's arithmetic, shared with the device
+// planner) and of the causal window and LSE merge of core/attention_math.hpp.
+// The plan is checked against properties derived from its definition, never against a second
+// copy of the planner: every request's KV range is covered exactly once and in order, every
+// CTA visits exactly the requests it has a piece of, CTA loads stay within the per-CTA budget,
+// and partial slots fit the workspace bound.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "mlakit/core/attention_math.hpp"
+#include "mlakit/core/decode_args.hpp"
+#include "mlakit/core/plan.hpp"
+
+using namespace mlakit;
+
+namespace {
+
+const char* mode_name(SplitMode m) {
+  return m == SplitMode::automatic ? "automatic" : m == SplitMode::none ? "none" : "fixed";
+}
+
+// Cost of a request as design.md / plan.hpp define it, spelled out independently.
+long long expected_cost(const PlanShape& p, int len) {
+  if (p.mode == SplitMode::none) return 1;
+  if (p.mode == SplitMode::fixed) return p.fixed_splits;
+  return kOverheadUnits + (len + kPlanTokens - 1LL) / kPlanTokens;
+}
+
+long long ceil_div(long long a, long long b) { return (a + b - 1) / b; }
+
+struct PlanStats {
+  int max_pieces = 0;     // most CTAs one request was cut over
+  int max_overload = 0;   // worst (per-piece-overhead load - per_cta) over all CTAs
+};
+
+// Checks every invariant of plan_on_host(p, lens). Returns "" or the first violation.
+std::string check_plan(const PlanShape& p, const std::vector<int>& lens, PlanStats* stats) {
+  std::ostringstream err;
+  const HostPlan h = plan_on_host(p, lens.data());
+  const int G = p.num_ctas;
+  const int B = p.batch;
+  if (int(h.requests.size()) != B || int(h.ctas.size()) != G) return "wrong array sizes";
+
+  // Totals and the per-CTA budget: ceil(total / G) units, so the load is balanced.
+  long long total = 0;
+  for (int len : lens) total += expected_cost(p, len);
+  if (h.total != total) return "total " + std::to_string(h.total) + " != " + std::to_string(total);
+  const long long per = std::max(1LL, ceil_div(total, G));
+  if (h.per_cta != per) return "per_cta " + std::to_string(h.per_cta) + " != " + std::to_string(per);
+  if (1LL * h.per_cta * G < total) return "budget does not cover the total";
+
+  // (a) coverage, (c) partial slots, (d) empty requests, (e) pieces per mode.
+  std::vector<int> slot_owner(std::max(h.partials, 0), -1);
+  long long prefix = 0, split_pieces = 0, listings_expected = 0;
+  std::vector<long long> tokens_of(G, 0), load_of(G, 0), plan_units_of(G, 0);
+  for (int b = 0; b < B; ++b) {
+    const RequestPlan& r = h.requests[b];
+    err << "request " << b << " len " << lens[b] << ": ";
+    if (r.kv_len != lens[b]) return err.str() + "kv_len changed";
+    if (r.cost_begin != prefix) return err.str() + "cost_begin is not the prefix sum";
+    const long long cost = expected_cost(p, lens[b]);
+    prefix += cost;
+    if (r.num_pieces < 1) return err.str() + "no piece";
+    if (r.first_cta < 0 || r.first_cta + r.num_pieces > G) return err.str() + "CTA out of range";
+    if (p.mode == SplitMode::none && r.num_pieces != 1) return err.str() + "none mode split";
+    if (p.mode == SplitMode::fixed && r.num_pieces != p.fixed_splits)
+      return err.str() + "fixed mode: " + std::to_string(r.num_pieces) + " pieces";
+    int next = 0;  // next KV token the pieces must start at
+    for (int i = 0; i < r.num_pieces; ++i) {
+      const int c = r.first_cta + i;
+      const Piece pc = piece_of(p, r, c, h.per_cta);
+      if (pc.kv_begin != next || pc.kv_end < pc.kv_begin)
+        return err.str() + "piece " + std::to_string(i) + " is [" + std::to_string(pc.kv_begin) +
+               ", " + std::to_string(pc.kv_end) + "), expected to start at " +
+               std::to_string(next);
+      next = pc.kv_end;
+      if (lens[b] == 0 && pc.kv_end != 0) return err.str() + "empty request with keys";
+      if (h.ctas[c].req_begin > b || h.ctas[c].req_end < b)
+        return err.str() + "CTA " + std::to_string(c) + " does not list it";
+      if (r.num_pieces == 1) {
+        if (pc.partial_slot != -1) return err.str() + "unsplit request has a partial slot";
+      } else {
+        if (pc.partial_slot < 0 || pc.partial_slot >= h.partials)
+          return err.str() + "partial slot " + std::to_string(pc.partial_slot) + " out of range";
+        if (slot_owner[pc.partial_slot] != -1) return err.str() + "partial slot used twice";
+        slot_owner[pc.partial_slot] = b;
+        ++split_pieces;
+      }
+      // Loads. Plan units of the piece: the request's overhead units that fall inside the
+      // CTA's cost interval plus its KV tiles. Per-piece load: every piece loads Q and writes
+      // O (or a partial), so it pays the full overhead.
+      const long long tiles = ceil_div(pc.kv_end - pc.kv_begin, kPlanTokens);
+      const long long lo = std::max<long long>(1LL * c * h.per_cta, r.cost_begin);
+      const long long hi = std::min<long long>(1LL * (c + 1) * h.per_cta, r.cost_begin + cost);
+      if (hi <= lo) return err.str() + "CTA " + std::to_string(c) + " has an empty share";
+      long long overhead_in = 0;
+      if (p.mode == SplitMode::automatic)
+        overhead_in = std::max(0LL, std::min<long long>(hi, r.cost_begin + kOverheadUnits) - lo);
+      tokens_of[c] += pc.kv_end - pc.kv_begin;
+      plan_units_of[c] += tiles + overhead_in;
+      load_of[c] += tiles + kOverheadUnits;
+    }
+    if (next != lens[b]) return err.str() + "pieces end at " + std::to_string(next);
+    listings_expected += r.num_pieces;
+    if (stats) stats->max_pieces = std::max(stats->max_pieces, r.num_pieces);
+    err.str("");
+  }
+  if (h.partials != split_pieces) return "partials != pieces of split requests";
+  if (h.partials > p.max_partials())
+    return "partials " + std::to_string(h.partials) + " > max_partials " +
+           std::to_string(p.max_partials());
+  if (p.mode == SplitMode::none && h.partials != 0) return "none mode has partials";
+
+  // (a) no CTA lists a request it has no piece of; empty CTAs only past the total.
+  long long listings = 0;
+  for (int c = 0; c < G; ++c) {
+    const CtaPlan& cp = h.ctas[c];
+    if (cp.req_begin > cp.req_end) {
+      if (1LL * c * h.per_cta < total) return "CTA " + std::to_string(c) + " idle inside the total";
+      continue;
+    }
+    if (cp.req_begin < 0 || cp.req_end >= B) return "CTA " + std::to_string(c) + " range outside batch";
+    for (int b = cp.req_begin; b <= cp.req_end; ++b) {
+      const RequestPlan& r = h.requests[b];
+      if (c < r.first_cta || c >= r.first_cta + r.num_pieces)
+        return "CTA " + std::to_string(c) + " lists request " + std::to_string(b) +
+               " without a piece of it";
+      ++listings;
+    }
+    if (p.mode == SplitMode::none && (cp.req_begin != c || cp.req_end != c))
+      return "none mode: CTA " + std::to_string(c) + " is not request c";
+    if (p.mode == SplitMode::fixed &&
+        (cp.req_begin != c / p.fixed_splits || cp.req_end != c / p.fixed_splits))
+      return "fixed mode: CTA " + std::to_string(c) + " covers more than one request";
+  }
+  if (listings != listings_expected) return "CTA listings != pieces";
+
+  // (b) balance in automatic mode.
+  if (p.mode == SplitMode::automatic) {
+    for (int c = 0; c < G; ++c) {
+      if (plan_units_of[c] > h.per_cta)
+        return "CTA " + std::to_string(c) + " holds " + std::to_string(plan_units_of[c]) +
+               " units > per_cta " + std::to_string(h.per_cta);
+      if (tokens_of[c] > 1LL * h.per_cta * kPlanTokens)
+        return "CTA " + std::to_string(c) + " has more KV tokens than its budget";
+      // Charging the full overhead to every piece costs at most the two boundary requests
+      // their missing overhead: load <= per_cta + 2 * kOverheadUnits - 1.
+      if (load_of[c] > h.per_cta + 2 * kOverheadUnits - 1)
+        return "CTA " + std::to_string(c) + " per-piece load " + std::to_string(load_of[c]) +
+               " > per_cta + 3";
+      if (stats)
+        stats->max_overload = std::max<int>(stats->max_overload, int(load_of[c] - h.per_cta));
+    }
+  }
+  return "";
+}
+
+// Length mixes: uniform, mostly zeros, two populations 1000x apart, one long request among
+// tiny ones, tile boundaries, all zeros, all equal.
+std::vector<int> random_lengths(std::mt19937_64& g, int batch, int kind) {
+  std::vector<int> v(batch);
+  auto uni = [&](int lo, int hi) { return lo + int(g() % std::uint64_t(hi - lo + 1)); };
+  for (int b = 0; b < batch; ++b) {
+    switch (kind) {
+      case 0: v[b] = uni(0, 200000); break;
+      case 1: v[b] = g() % 10 < 7 ? 0 : uni(0, 200000); break;
+      case 2: v[b] = g() % 2 ? uni(100, 200) : uni(100000, 200000); break;
+      case 3: v[b] = uni(0, 100); break;
+      case 4: v[b] = std::max(0, kPlanTokens * uni(0, 40) + uni(-1, 1)); break;
+      case 5: v[b] = 0; break;
+      default: v[b] = 777; break;
+    }
+  }
+  if (kind == 3) v[g() % batch] = 200000;
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("planner: coverage, balance and capacity on random length mixes", "[planner]") {
+  std::mt19937_64 g(0x5eed0001);
+  int trials = 0;
+  PlanStats stats;
+  for (int trial = 0; trial < 6000; ++trial) {
+    int batch = 1 + int(g() % 300);
+    if (trial % 50 == 0) batch = 1;
+    if (trial % 50 == 1) batch = 300;
+    const int kind = int(g() % 7);
+    const std::vector<int> lens = random_lengths(g, batch, kind);
+    PlanShape p;
+    p.batch = batch;
+    p.mode = SplitMode(trial % 3);
+    p.row_tiles = 1 + int(g() % 64);
+    p.fixed_splits = p.mode == SplitMode::fixed ? 1 + int(g() % kMaxSplits) : 1;
+    const int sms = trial % 2 ? 132 : 304;
+    p.num_ctas = plan_num_ctas(p.mode, p.fixed_splits, batch, p.row_tiles, sms);
+    const std::string e = check_plan(p, lens, &stats);
+    if (!e.empty()) {
+      INFO("trial " << trial << " " << mode_name(p.mode) << " batch " << batch << " kind "
+                    << kind << " row_tiles " << p.row_tiles << " splits " << p.fixed_splits
+                    << " ctas " << p.num_ctas << " sms " << sms << ": " << e);
+      REQUIRE(e.empty());
+    }
+    ++trials;
+  }
+  CHECK(trials == 6000);
+  // The mixes do split requests; a request may be cut over more CTAs than kMaxSplits (one
+  // long request among short ones gets most of the grid).
+  INFO("most pieces of one request: " << stats.max_pieces << ", worst per-piece-overhead "
+                                      << "overload: " << stats.max_overload << " units");
+  CHECK(stats.max_pieces > 1);
+}
+
+TEST_CASE("planner: hand-picked mixes", "[planner]") {
+  const std::vector<std::vector<int>> mixes = {
+      {0},
+      {1},
+      {200000},
+      {0, 0, 0, 0, 0, 0, 0},
+      {100000, 1, 0, 100, 1000, 2},
+      {63, 64, 65, 127, 128, 129},
+      {200, 200000, 200, 200000, 0, 0},
+  };
+  for (const auto& lens : mixes)
+    for (SplitMode m : {SplitMode::automatic, SplitMode::none, SplitMode::fixed})
+      for (int row_tiles : {1, 2, 7, 64})
+        for (int sms : {1, 132, 304})
+          for (int splits : {1, 2, 64}) {
+            PlanShape p;
+            p.batch = int(lens.size());
+            p.mode = m;
+            p.row_tiles = row_tiles;
+            p.fixed_splits = m == SplitMode::fixed ? splits : 1;
+            p.num_ctas = plan_num_ctas(m, p.fixed_splits, p.batch, row_tiles, sms);
+            const std::string e = check_plan(p, lens, nullptr);
+            INFO(mode_name(m) << " batch " << p.batch << " first len " << lens[0] << " rt "
+                              << row_tiles << " sms " << sms << " splits " << splits << ": " << e);
+            CHECK(e.empty());
+          }
+}
+
+TEST_CASE("planner: one grid serves every step (num_ctas never depends on kv_len)", "[planner]") {
+  // plan_num_ctas takes no lengths: check its values against the documented formula, then
+  // that one shape yields a valid plan for every length mix of the same batch.
+  for (int sms : {1, 80, 132, 304})
+    for (int batch : {0, 1, 2, 3, 5, 64, 300, 5000})
+      for (int rt = 1; rt <= 64; ++rt) {
+        const int target = std::max(1, int(ceil_div(2LL * sms, rt)));
+        const int autom = batch == 0 ? 0 : std::min(target, batch * kMaxSplits);
+        CHECK(plan_num_ctas(SplitMode::automatic, 1, batch, rt, sms) == autom);
+        CHECK(plan_num_ctas(SplitMode::none, 7, batch, rt, sms) == batch);
+        CHECK(plan_num_ctas(SplitMode::fixed, 7, batch, rt, sms) == 7 * batch);
+      }
+  std::mt19937_64 g(0x5eed0002);
+  for (int trial = 0; trial < 300; ++trial) {
+    PlanShape p;
+    p.batch = 1 + int(g() % 300);
+    p.mode = SplitMode(trial % 3);
+    p.row_tiles = 1 + int(g() % 64);
+    p.fixed_splits = 1 + int(g() % 64);
+    p.num_ctas = plan_num_ctas(p.mode, p.fixed_splits, p.batch, p.row_tiles, 132);
+    for (int step = 0; step < 8; ++step) {
+      const std::string e = check_plan(p, random_lengths(g, p.batch, step % 7), nullptr);
+      INFO("trial " << trial << " step " << step << ": " << e);
+      REQUIRE(e.empty());
+    }
+  }
+}
+
+TEST_CASE("clamp_kv_len: negative to 0, beyond capacity to capacity", "[planner]") {
+  const int kMin = std::numeric_limits<int>::min(), kMax = std::numeric_limits<int>::max();
+  struct C { int len; std::int64_t cap; int want; };
+  for (C c : {C{-1, 100, 0}, C{kMin, 100, 0}, C{0, 100, 0}, C{0, 0, 0}, C{5, 0, 0},
+              C{99, 100, 99}, C{100, 100, 100}, C{101, 100, 100}, C{kMax, 100, 100},
+              C{kMax, std::int64_t(1) << 40, kMax}, C{7, std::int64_t(1) << 40, 7},
+              C{300, 256, 256}}) {
+    INFO("len " << c.len << " capacity " << c.cap);
+    CHECK(clamp_kv_len(c.len, c.cap) == c.want);
+  }
+}
+
+TEST_CASE("visible_keys: bottom-right causal window", "[planner]") {
+  static_assert(visible_keys(5, 8, 0, true) == 0, "kv_len < q_len: first tokens see nothing");
+  static_assert(visible_keys(5, 8, 7, true) == 5, "the last token sees every key");
+  static_assert(visible_keys(5, 8, 0, false) == 5, "non-causal sees every key");
+  for (int kv = -3; kv <= 80; ++kv)
+    for (int q = 1; q <= kMaxQLen; ++q)
+      for (int t = 0; t < q; ++t) {
+        // Token t sees keys j in [0, kv) with j <= kv - q + t.
+        int causal = 0;
+        for (int j = 0; j < kv; ++j) causal += j <= kv - q + t;
+        const int full = std::max(kv, 0);
+        if (visible_keys(kv, q, t, true) != causal || visible_keys(kv, q, t, false) != full) {
+          INFO("kv " << kv << " q " << q << " t " << t);
+          CHECK(visible_keys(kv, q, t, true) == causal);
+          CHECK(visible_keys(kv, q, t, false) == full);
+        }
+        if (t == q - 1) CHECK(tile_visible_keys(kv, q, t, true) == full);
+      }
+}
+
+namespace {
+
+// A softmax over `s` (scores) and `v` (values, dim D) computed directly in double.
+struct Softmax {
+  double lse = -INFINITY;
+  std::vector<double> o;
+};
+
+Softmax direct(const std::vector<double>& s, const std::vector<std::vector<double>>& v, int lo,
+               int hi, int D) {
+  Softmax r;
+  r.o.assign(D, 0.0);
+  if (hi <= lo) return r;
+  double m = -INFINITY;
+  for (int j = lo; j < hi; ++j) m = std::max(m, s[j]);
+  double sum = 0;
+  for (int j = lo; j < hi; ++j) {
+    const double p = std::exp(s[j] - m);
+    sum += p;
+    for (int d = 0; d < D; ++d) r.o[d] += p * v[j][d];
+  }
+  for (int d = 0; d < D; ++d) r.o[d] /= sum;
+  r.lse = m + std::log(sum);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("LseMerge: merging split softmaxes equals the unsplit softmax", "[planner]") {
+  std::mt19937_64 g(0x5eed0003);
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  constexpr int D = 8;
+  double worst_lse = 0, worst_o = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int n = 1 + int(g() % 600);
+    const double spread = trial % 4 == 0 ? 40.0 : 8.0;  // peaky softmax: far-apart part LSEs
+    const double shift = u(g) * 15.0;
+    std::vector<double> s(n);
+    std::vector<std::vector<double>> v(n, std::vector<double>(D));
+    for (int j = 0; j < n; ++j) {
+      s[j] = shift + spread * u(g);
+      for (int d = 0; d < D; ++d) v[j][d] = u(g);
+    }
+    // Random cut points, empty parts allowed (they carry LSE -inf).
+    const int parts = 1 + int(g() % 12);
+    std::vector<int> cuts = {0, n};
+    for (int i = 1; i < parts; ++i) cuts.push_back(int(g() % (n + 1)));
+    std::sort(cuts.begin(), cuts.end());
+    std::vector<float> lse;
+    std::vector<std::vector<float>> o;
+    for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
+      const Softmax part = direct(s, v, cuts[i], cuts[i + 1], D);
+      lse.push_back(static_cast<float>(part.lse));
+      o.emplace_back(part.o.begin(), part.o.end());
+    }
+    // Merge in a shuffled order: the result must not depend on it.
+    std::vector<int> order(lse.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = int(i);
+    std::shuffle(order.begin(), order.end(), g);
+    LseMerge merge;
+    for (int i : order) merge.add(lse[i]);
+    std::vector<double> merged(D, 0.0);
+    double wsum = 0;
+    for (int i : order) {
+      const float w = merge.weight(lse[i]);
+      CHECK(w >= 0.0f);
+      if (std::isinf(lse[i])) CHECK(w == 0.0f);
+      wsum += w;
+      for (int d = 0; d < D; ++d) merged[d] += double(w) * o[i][d];
+    }
+    const Softmax full = direct(s, v, 0, n, D);
+    const double lse_err = std::fabs(double(merge.lse()) - full.lse);
+    double o_err = 0;
+    for (int d = 0; d < D; ++d) o_err = std::max(o_err, std::fabs(merged[d] - full.o[d]));
+    worst_lse = std::max(worst_lse, lse_err);
+    worst_o = std::max(worst_o, o_err);
+    if (lse_err > 1e-5 || o_err > 1e-5 || std::fabs(wsum - 1.0) > 1e-5) {
+      INFO("trial " << trial << " n " << n << " parts " << lse.size() << " lse "
+                    << merge.lse() << " vs " << full.lse << " o_err " << o_err << " wsum "
+                    << wsum);
+      CHECK(lse_err <= 1e-5);
+      CHECK(o_err <= 1e-5);
+      CHECK(std::fabs(wsum - 1.0) <= 1e-5);
+    }
+  }
+  INFO("worst lse error " << worst_lse << ", worst output error " << worst_o);
+  CHECK(worst_lse <= 1e-5);
+}
+
+TEST_CASE("LseMerge: -inf parts are ignored, all -inf gives -inf and zero weights",
+          "[planner]") {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  LseMerge none;
+  CHECK(none.lse() == ninf);
+  CHECK(none.weight(ninf) == 0.0f);
+  CHECK(none.weight(0.0f) == 0.0f);
+  for (int k = 1; k <= 5; ++k) {
+    LseMerge m;
+    for (int i = 0; i < k; ++i) m.add(ninf);
+    CHECK(m.lse() == ninf);
+    CHECK(m.weight(ninf) == 0.0f);
+  }
+  // A single finite part keeps its LSE exactly and gets weight 1, wherever the -inf parts go.
+  for (float x : {-87.5f, -3.25f, 0.0f, 1.0f, 12.75f, 5000.0f}) {
+    LseMerge a, b;
+    a.add(ninf);
+    a.add(x);
+    a.add(ninf);
+    b.add(x);
+    CHECK(a.lse() == x);
+    CHECK(b.lse() == x);
+    CHECK(a.weight(x) == 1.0f);
+    CHECK(a.weight(ninf) == 0.0f);
+  }
+  // Two equal parts: LSE + ln 2, weights 1/2; far-apart parts: the small one vanishes.
+  LseMerge two;
+  two.add(3.0f);
+  two.add(ninf);
+  two.add(3.0f);
+  CHECK(two.lse() == Approx(3.0 + std::log(2.0)).epsilon(1e-6));
+  CHECK(two.weight(3.0f) == Approx(0.5).epsilon(1e-6));
+  LseMerge far;
+  far.add(-100.0f);
+  far.add(100.0f);
+  CHECK(far.lse() == Approx(100.0).epsilon(1e-7));
+  CHECK(far.weight(100.0f) == Approx(1.0).epsilon(1e-7));
+  CHECK(far.weight(-100.0f) == 0.0f);
+  CHECK_FALSE(std::isnan(far.lse()));
+}
