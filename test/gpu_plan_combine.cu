@@ -4,9 +4,8 @@
 //  - the combine kernel (kernel/combine_kernel.hpp) must merge the partials of split requests
 //    as a double-precision LSE merge does, and leave unsplit requests and padding untouched.
 // Workspaces and outputs are poisoned (0xFF bytes, NaN) before every launch.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -88,8 +87,7 @@ std::string run_planner(const PlannerCase& c) {
   std::vector<std::uint8_t> image(bytes, 0xFF);
   DeviceBuffer ws(bytes), d_len(batch * 4), d_indptr((batch + 1) * 4);
   if (!ws.ptr || !d_len.ptr || !d_indptr.ptr) return "allocation failed";
-  if (!gpu_h2d(ws.ptr, image.data(), bytes) ||
-      !gpu_h2d(d_len.ptr, c.lens.data(), batch * 4) ||
+  if (!gpu_h2d(ws.ptr, image.data(), bytes) || !gpu_h2d(d_len.ptr, c.lens.data(), batch * 4) ||
       !gpu_h2d(d_indptr.ptr, indptr.data(), (batch + 1) * 4))
     return "upload failed";
 
@@ -112,8 +110,8 @@ std::string run_planner(const PlannerCase& c) {
   int header[4];
   std::memcpy(header, image.data() + wl.plan.header_offset, sizeof(header));
   if (header[0] != h.total || header[1] != h.per_cta || header[2] != h.partials) {
-    err << "header " << header[0] << " " << header[1] << " " << header[2] << ", host "
-        << h.total << " " << h.per_cta << " " << h.partials;
+    err << "header " << header[0] << " " << header[1] << " " << header[2] << ", host " << h.total
+        << " " << h.per_cta << " " << h.partials;
     return err.str();
   }
   for (int b = 0; b < batch; ++b) {
@@ -123,9 +121,9 @@ std::string run_planner(const PlannerCase& c) {
     if (d.kv_len != r.kv_len || d.cost_begin != r.cost_begin || d.first_cta != r.first_cta ||
         d.num_pieces != r.num_pieces || d.partial_base != r.partial_base) {
       err << "request " << b << " (len " << c.lens[b] << "): device {" << d.kv_len << ", "
-          << d.cost_begin << ", " << d.first_cta << ", " << d.num_pieces << ", "
-          << d.partial_base << "} host {" << r.kv_len << ", " << r.cost_begin << ", "
-          << r.first_cta << ", " << r.num_pieces << ", " << r.partial_base << "}";
+          << d.cost_begin << ", " << d.first_cta << ", " << d.num_pieces << ", " << d.partial_base
+          << "} host {" << r.kv_len << ", " << r.cost_begin << ", " << r.first_cta << ", "
+          << r.num_pieces << ", " << r.partial_base << "}";
       return err.str();
     }
   }
@@ -158,13 +156,20 @@ std::vector<int> planner_lengths(std::mt19937_64& g, int batch, std::int64_t cap
   std::vector<int> v(batch);
   for (int& x : v) {
     const int r = int(g() % 20);
-    if (r == 0) x = kMin;
-    else if (r == 1) x = kMax;
-    else if (r == 2) x = -int(g() % 1000) - 1;
-    else if (r < 7) x = 0;
-    else if (r < 9) x = cap + 1 + int(g() % 1000);  // beyond capacity
-    else if (kind == 1) x = g() % 2 ? int(g() % 200) : 1000 * int(g() % 200);  // 1000x apart
-    else x = int(g() % (std::uint64_t(cap) + 1));
+    if (r == 0)
+      x = kMin;
+    else if (r == 1)
+      x = kMax;
+    else if (r == 2)
+      x = -int(g() % 1000) - 1;
+    else if (r < 7)
+      x = 0;
+    else if (r < 9)
+      x = cap + 1 + int(g() % 1000);  // beyond capacity
+    else if (kind == 1)
+      x = g() % 2 ? int(g() % 200) : 1000 * int(g() % 200);  // 1000x apart
+    else
+      x = int(g() % (std::uint64_t(cap) + 1));
   }
   return v;
 }
@@ -319,7 +324,8 @@ void check_combine(const CombineCase& c) {
         written_o[obase + d] = true;
       }
       if (c.lse) {
-        const std::size_t li = b * a.lse_stride_batch + t * a.lse_stride_token + hd * a.lse_stride_head;
+        const std::size_t li =
+            b * a.lse_stride_batch + t * a.lse_stride_token + hd * a.lse_stride_head;
         const double got = lse[li];
         const double e = L == -INFINITY ? (got == -INFINITY ? 0.0 : INFINITY) : std::fabs(got - L);
         if (!(e <= 1e-5)) ++bad_l;

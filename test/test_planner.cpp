@@ -4,9 +4,8 @@
 // copy of the planner: every request's KV range is covered exactly once and in order, every
 // CTA visits exactly the requests it has a piece of, CTA loads stay within the per-CTA budget,
 // and partial slots fit the workspace bound.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -37,8 +36,8 @@ long long expected_cost(const PlanShape& p, int len) {
 long long ceil_div(long long a, long long b) { return (a + b - 1) / b; }
 
 struct PlanStats {
-  int max_pieces = 0;     // most CTAs one request was cut over
-  int max_overload = 0;   // worst (per-piece-overhead load - per_cta) over all CTAs
+  int max_pieces = 0;    // most CTAs one request was cut over
+  int max_overload = 0;  // worst (per-piece-overhead load - per_cta) over all CTAs
 };
 
 // Checks every invariant of plan_on_host(p, lens). Returns "" or the first violation.
@@ -54,7 +53,8 @@ std::string check_plan(const PlanShape& p, const std::vector<int>& lens, PlanSta
   for (int len : lens) total += expected_cost(p, len);
   if (h.total != total) return "total " + std::to_string(h.total) + " != " + std::to_string(total);
   const long long per = std::max(1LL, ceil_div(total, G));
-  if (h.per_cta != per) return "per_cta " + std::to_string(h.per_cta) + " != " + std::to_string(per);
+  if (h.per_cta != per)
+    return "per_cta " + std::to_string(h.per_cta) + " != " + std::to_string(per);
   if (1LL * h.per_cta * G < total) return "budget does not cover the total";
 
   // (a) coverage, (c) partial slots, (d) empty requests, (e) pieces per mode.
@@ -79,8 +79,7 @@ std::string check_plan(const PlanShape& p, const std::vector<int>& lens, PlanSta
       const Piece pc = piece_of(p, r, c, h.per_cta);
       if (pc.kv_begin != next || pc.kv_end < pc.kv_begin)
         return err.str() + "piece " + std::to_string(i) + " is [" + std::to_string(pc.kv_begin) +
-               ", " + std::to_string(pc.kv_end) + "), expected to start at " +
-               std::to_string(next);
+               ", " + std::to_string(pc.kv_end) + "), expected to start at " + std::to_string(next);
       next = pc.kv_end;
       if (lens[b] == 0 && pc.kv_end != 0) return err.str() + "empty request with keys";
       if (h.ctas[c].req_begin > b || h.ctas[c].req_end < b)
@@ -127,7 +126,8 @@ std::string check_plan(const PlanShape& p, const std::vector<int>& lens, PlanSta
       if (1LL * c * h.per_cta < total) return "CTA " + std::to_string(c) + " idle inside the total";
       continue;
     }
-    if (cp.req_begin < 0 || cp.req_end >= B) return "CTA " + std::to_string(c) + " range outside batch";
+    if (cp.req_begin < 0 || cp.req_end >= B)
+      return "CTA " + std::to_string(c) + " range outside batch";
     for (int b = cp.req_begin; b <= cp.req_end; ++b) {
       const RequestPlan& r = h.requests[b];
       if (c < r.first_cta || c >= r.first_cta + r.num_pieces)
@@ -170,13 +170,27 @@ std::vector<int> random_lengths(std::mt19937_64& g, int batch, int kind) {
   auto uni = [&](int lo, int hi) { return lo + int(g() % std::uint64_t(hi - lo + 1)); };
   for (int b = 0; b < batch; ++b) {
     switch (kind) {
-      case 0: v[b] = uni(0, 200000); break;
-      case 1: v[b] = g() % 10 < 7 ? 0 : uni(0, 200000); break;
-      case 2: v[b] = g() % 2 ? uni(100, 200) : uni(100000, 200000); break;
-      case 3: v[b] = uni(0, 100); break;
-      case 4: v[b] = std::max(0, kPlanTokens * uni(0, 40) + uni(-1, 1)); break;
-      case 5: v[b] = 0; break;
-      default: v[b] = 777; break;
+      case 0:
+        v[b] = uni(0, 200000);
+        break;
+      case 1:
+        v[b] = g() % 10 < 7 ? 0 : uni(0, 200000);
+        break;
+      case 2:
+        v[b] = g() % 2 ? uni(100, 200) : uni(100000, 200000);
+        break;
+      case 3:
+        v[b] = uni(0, 100);
+        break;
+      case 4:
+        v[b] = std::max(0, kPlanTokens * uni(0, 40) + uni(-1, 1));
+        break;
+      case 5:
+        v[b] = 0;
+        break;
+      default:
+        v[b] = 777;
+        break;
     }
   }
   if (kind == 3) v[g() % batch] = 200000;
@@ -204,9 +218,9 @@ TEST_CASE("planner: coverage, balance and capacity on random length mixes", "[pl
     p.num_ctas = plan_num_ctas(p.mode, p.fixed_splits, batch, p.row_tiles, sms);
     const std::string e = check_plan(p, lens, &stats);
     if (!e.empty()) {
-      INFO("trial " << trial << " " << mode_name(p.mode) << " batch " << batch << " kind "
-                    << kind << " row_tiles " << p.row_tiles << " splits " << p.fixed_splits
-                    << " ctas " << p.num_ctas << " sms " << sms << ": " << e);
+      INFO("trial " << trial << " " << mode_name(p.mode) << " batch " << batch << " kind " << kind
+                    << " row_tiles " << p.row_tiles << " splits " << p.fixed_splits << " ctas "
+                    << p.num_ctas << " sms " << sms << ": " << e);
       REQUIRE(e.empty());
     }
     ++trials;
@@ -277,11 +291,15 @@ TEST_CASE("planner: one grid serves every step (num_ctas never depends on kv_len
 
 TEST_CASE("clamp_kv_len: negative to 0, beyond capacity to capacity", "[planner]") {
   const int kMin = std::numeric_limits<int>::min(), kMax = std::numeric_limits<int>::max();
-  struct C { int len; std::int64_t cap; int want; };
-  for (C c : {C{-1, 100, 0}, C{kMin, 100, 0}, C{0, 100, 0}, C{0, 0, 0}, C{5, 0, 0},
-              C{99, 100, 99}, C{100, 100, 100}, C{101, 100, 100}, C{kMax, 100, 100},
-              C{kMax, std::int64_t(1) << 40, kMax}, C{7, std::int64_t(1) << 40, 7},
-              C{300, 256, 256}}) {
+  struct C {
+    int len;
+    std::int64_t cap;
+    int want;
+  };
+  for (C c :
+       {C{-1, 100, 0}, C{kMin, 100, 0}, C{0, 100, 0}, C{0, 0, 0}, C{5, 0, 0}, C{99, 100, 99},
+        C{100, 100, 100}, C{101, 100, 100}, C{kMax, 100, 100}, C{kMax, std::int64_t(1) << 40, kMax},
+        C{7, std::int64_t(1) << 40, 7}, C{300, 256, 256}}) {
     INFO("len " << c.len << " capacity " << c.cap);
     CHECK(clamp_kv_len(c.len, c.cap) == c.want);
   }
@@ -384,9 +402,8 @@ TEST_CASE("LseMerge: merging split softmaxes equals the unsplit softmax", "[plan
     worst_lse = std::max(worst_lse, lse_err);
     worst_o = std::max(worst_o, o_err);
     if (lse_err > 1e-5 || o_err > 1e-5 || std::fabs(wsum - 1.0) > 1e-5) {
-      INFO("trial " << trial << " n " << n << " parts " << lse.size() << " lse "
-                    << merge.lse() << " vs " << full.lse << " o_err " << o_err << " wsum "
-                    << wsum);
+      INFO("trial " << trial << " n " << n << " parts " << lse.size() << " lse " << merge.lse()
+                    << " vs " << full.lse << " o_err " << o_err << " wsum " << wsum);
       CHECK(lse_err <= 1e-5);
       CHECK(o_err <= 1e-5);
       CHECK(std::fabs(wsum - 1.0) <= 1e-5);
@@ -396,8 +413,7 @@ TEST_CASE("LseMerge: merging split softmaxes equals the unsplit softmax", "[plan
   CHECK(worst_lse <= 1e-5);
 }
 
-TEST_CASE("LseMerge: -inf parts are ignored, all -inf gives -inf and zero weights",
-          "[planner]") {
+TEST_CASE("LseMerge: -inf parts are ignored, all -inf gives -inf and zero weights", "[planner]") {
   const float ninf = -std::numeric_limits<float>::infinity();
   LseMerge none;
   CHECK(none.lse() == ninf);

@@ -5,7 +5,6 @@
 // validate() never dereferences a pointer, so dummy aligned host buffers stand in for device
 // memory.
 #include <catch2/catch.hpp>
-
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -67,8 +66,8 @@ DecodeArgs valid_args(PageIds ids = PageIds::block_table, DType q = DType::bf16,
 struct BadCase {
   std::string label;
   std::function<void(DecodeArgs&)> mutate;
-  std::string name;   // argument the message must name
-  std::string value;  // its value as the message prints it
+  std::string name;          // argument the message must name
+  std::string value;         // its value as the message prints it
   std::string allowed = "";  // a piece of the allowed range, when the message has a fixed one
 };
 
@@ -76,7 +75,8 @@ struct BadCase {
 std::vector<BadCase> bad_cases() {
   using A = DecodeArgs&;
   std::vector<BadCase> v = {
-      {"q_type fp8", [](A a) { a.q_type = DType::fp8_e4m3fn; }, "q_type", "fp8_e4m3fn", "bf16 or fp16"},
+      {"q_type fp8", [](A a) { a.q_type = DType::fp8_e4m3fn; }, "q_type", "fp8_e4m3fn",
+       "bf16 or fp16"},
       {"q_type fp8 fnuz", [](A a) { a.q_type = DType::fp8_e4m3fnuz; }, "q_type", "fp8_e4m3fnuz"},
       {"q_type invalid", [](A a) { a.q_type = DType(7); }, "q_type", "invalid"},
       {"kv_type invalid", [](A a) { a.kv_type = DType(7); }, "kv_type", "7", "fp8_e4m3fnuz"},
@@ -101,11 +101,23 @@ std::vector<BadCase> bad_cases() {
       {"kv_scale inf", [](A a) { a.kv_scale = kInf; }, "kv_scale", "inf"},
       {"split_mode 3", [](A a) { a.split_mode = SplitMode(3); }, "split_mode", "3"},
       {"fixed, num_splits 0",
-       [](A a) { a.split_mode = SplitMode::fixed; a.num_splits = 0; }, "num_splits", "0", "1..64"},
+       [](A a) {
+         a.split_mode = SplitMode::fixed;
+         a.num_splits = 0;
+       },
+       "num_splits", "0", "1..64"},
       {"fixed, num_splits 65",
-       [](A a) { a.split_mode = SplitMode::fixed; a.num_splits = 65; }, "num_splits", "65", "1..64"},
+       [](A a) {
+         a.split_mode = SplitMode::fixed;
+         a.num_splits = 65;
+       },
+       "num_splits", "65", "1..64"},
       {"fixed, num_splits -1",
-       [](A a) { a.split_mode = SplitMode::fixed; a.num_splits = -1; }, "num_splits", "-1"},
+       [](A a) {
+         a.split_mode = SplitMode::fixed;
+         a.num_splits = -1;
+       },
+       "num_splits", "-1"},
       {"null q", [](A a) { a.q = nullptr; }, "q", "null"},
       {"null kv", [](A a) { a.kv = nullptr; }, "kv", "null"},
       {"null out", [](A a) { a.out = nullptr; }, "out", "null"},
@@ -116,10 +128,11 @@ std::vector<BadCase> bad_cases() {
       {"kv 8-byte aligned", [](A a) { a.kv = at(264); }, "kv", "misaligned pointer"},
       {"out 2-byte aligned", [](A a) { a.out = at_mut(514); }, "out", "misaligned pointer"},
       {"out 8-byte aligned", [](A a) { a.out = at_mut(520); }, "out", "misaligned pointer"},
-      {"lse 2-byte aligned",
-       [](A a) { a.lse = reinterpret_cast<float*>(at_mut(770)); }, "lse", "misaligned pointer"},
+      {"lse 2-byte aligned", [](A a) { a.lse = reinterpret_cast<float*>(at_mut(770)); }, "lse",
+       "misaligned pointer"},
       {"q_stride_head 500", [](A a) { a.q_stride_head = 500; }, "q_stride_head", "500", ">= 576"},
-      {"q_stride_head 580", [](A a) { a.q_stride_head = 580; }, "q_stride_head", "580", "multiple of 8"},
+      {"q_stride_head 580", [](A a) { a.q_stride_head = 580; }, "q_stride_head", "580",
+       "multiple of 8"},
       {"q_stride_head -576", [](A a) { a.q_stride_head = -576; }, "q_stride_head", "-576"},
       {"q_stride_token 100", [](A a) { a.q_stride_token = 100; }, "q_stride_token", "100"},
       {"q_stride_batch 582", [](A a) { a.q_stride_batch = 582; }, "q_stride_batch", "582"},
@@ -129,28 +142,40 @@ std::vector<BadCase> bad_cases() {
       {"o_stride_head 256", [](A a) { a.o_stride_head = 256; }, "o_stride_head", "256", ">= 512"},
       {"o_stride_head 516", [](A a) { a.o_stride_head = 516; }, "o_stride_head", "516"},
       // Heads of token t + 1 would start inside the last head of token t.
-      {"o_stride_token overlaps heads", [](A a) { a.o_stride_token = 15 * 512; },
-       "o_stride_token", "7680", ">= 8192"},
-      {"o_stride_token with padded heads", [](A a) { a.o_stride_head = 640; a.o_stride_token = 16 * 512; },
+      {"o_stride_token overlaps heads", [](A a) { a.o_stride_token = 15 * 512; }, "o_stride_token",
+       "7680", ">= 8192"},
+      {"o_stride_token with padded heads",
+       [](A a) {
+         a.o_stride_head = 640;
+         a.o_stride_token = 16 * 512;
+       },
        "o_stride_token", "8192", ">= 10112"},
       {"o_stride_batch overlaps tokens", [](A a) { a.o_stride_batch = 3 * 16 * 512; },
        "o_stride_batch", "24576", ">= 32768"},
       {"lse_stride_head 0", [](A a) { a.lse_stride_head = 0; }, "lse_stride_head", "0"},
-      {"lse_stride_token overlaps heads", [](A a) { a.lse_stride_token = 15; },
-       "lse_stride_token", "15", ">= 16"},
-      {"lse_stride_batch overlaps tokens", [](A a) { a.lse_stride_batch = 63; },
-       "lse_stride_batch", "63", ">= 64"},
+      {"lse_stride_token overlaps heads", [](A a) { a.lse_stride_token = 15; }, "lse_stride_token",
+       "15", ">= 16"},
+      {"lse_stride_batch overlaps tokens", [](A a) { a.lse_stride_batch = 63; }, "lse_stride_batch",
+       "63", ">= 64"},
       {"block_table null", [](A a) { a.block_table = nullptr; }, "block_table", "null"},
-      {"max_pages_per_request 0", [](A a) { a.max_pages_per_request = 0; },
-       "max_pages_per_request", "0"},
+      {"max_pages_per_request 0", [](A a) { a.max_pages_per_request = 0; }, "max_pages_per_request",
+       "0"},
       {"block_table_stride < max_pages_per_request", [](A a) { a.block_table_stride = 39; },
        "block_table_stride", "39", ">= max_pages_per_request (40)"},
       {"page_ids 2", [](A a) { a.page_ids = PageIds(2); }, "page_ids", "2", "block_table or csr"},
       {"csr, kv_indptr null",
-       [](A a) { a.page_ids = PageIds::csr; a.kv_indptr = nullptr; a.kv_indices = g_ints; },
+       [](A a) {
+         a.page_ids = PageIds::csr;
+         a.kv_indptr = nullptr;
+         a.kv_indices = g_ints;
+       },
        "kv_indptr", "null"},
       {"csr, kv_indices null",
-       [](A a) { a.page_ids = PageIds::csr; a.kv_indptr = g_ints; a.kv_indices = nullptr; },
+       [](A a) {
+         a.page_ids = PageIds::csr;
+         a.kv_indptr = g_ints;
+         a.kv_indices = nullptr;
+       },
        "kv_indices", "null"},
   };
   return v;
@@ -201,8 +226,8 @@ TEST_CASE("validate: fp8 caches need 16-element KV strides, 16-bit caches 8", "[
     a.kv_stride_token = 584;  // multiple of 8, not of 16
     const Status s = validate(a);
     if (is_fp8(kv)) {
-      check_rejected(s, {"fp8 kv_stride_token 584", nullptr, "kv_stride_token", "584",
-                         "multiple of 16"});
+      check_rejected(
+          s, {"fp8 kv_stride_token 584", nullptr, "kv_stride_token", "584", "multiple of 16"});
     } else {
       CHECK(s.is_ok());
     }
