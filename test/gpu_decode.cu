@@ -5,17 +5,10 @@
 #include <cstring>
 
 #include "gpu_harness.hpp"
+#include "gpu_require.hpp"
 
 using namespace mlakit;
 using namespace mlakit::testing;
-
-#define MLAKIT_REQUIRE_GPU()                                  \
-  do {                                                        \
-    if (!gpu_present()) {                                     \
-      WARN("no GPU present: [gpu] test skipped");             \
-      return;                                                 \
-    }                                                         \
-  } while (0)
 
 namespace {
 

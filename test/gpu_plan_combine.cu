@@ -16,20 +16,13 @@
 #include <vector>
 
 #include "gpu_harness.hpp"
+#include "gpu_require.hpp"
 #include "mlakit/kernel/combine_kernel.hpp"
 #include "mlakit/kernel/planner_kernel.hpp"
 #include "mlakit/kernel/workspace.hpp"
 
 using namespace mlakit;
 using namespace mlakit::testing;
-
-#define MLAKIT_REQUIRE_GPU()                      \
-  do {                                            \
-    if (!gpu_present()) {                         \
-      WARN("no GPU present: [gpu] test skipped"); \
-      return;                                     \
-    }                                             \
-  } while (0)
 
 namespace {
 

@@ -475,7 +475,8 @@ struct DecodeMainloop {
 };
 
 template <class Tr>
-__global__ void __launch_bounds__(Tr::kThreads, 1) decode_kernel(const KernelArgs p) {
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kPolicy.ctas_per_sm)
+    decode_kernel(const KernelArgs p) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int row_tile = static_cast<int>(blockIdx.x);
   const int cta = static_cast<int>(blockIdx.y);
