@@ -123,7 +123,8 @@ inline Status launch_by_rows(const DecodeArgs& a, const DeviceInfo& dev, void* w
                              std::integer_sequence<int, I...>) {
   const int idx = arch::policy_index_for_rows(a.rows());
   Status s(StatusCode::not_supported, "no policy");
-  ((idx == I ? (s = launch_instance<Problem, I>(a, dev, ws, bytes, stream), true) : false) || ...);
+  (void)((idx == I ? (s = launch_instance<Problem, I>(a, dev, ws, bytes, stream), true) : false) ||
+         ...);
   return s;
 }
 

@@ -15,6 +15,8 @@ inline constexpr int kMaxHeads = 128;
 inline constexpr int kMaxQLen = 32;
 inline constexpr int kMaxPageSize = 256;
 inline constexpr int kMaxSplits = 64;
+// Requests per call (and requests x fixed splits): the decode grid's second dimension.
+inline constexpr int kMaxBatch = 65535;
 
 enum class SplitMode : std::uint8_t {
   automatic = 0,  // the device planner balances KV tokens over about two waves of CTAs

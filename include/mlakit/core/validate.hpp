@@ -3,6 +3,7 @@
 // allowed range. Nothing here reads device memory, so kv_len values are not checked (the
 // device clamps them to the request's page capacity instead).
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <string>
 
@@ -32,9 +33,12 @@ inline Status check_ptr(const char* name, const void* p) {
 }
 
 inline Status check_align(const char* name, const void* p, std::uintptr_t bytes) {
-  if (reinterpret_cast<std::uintptr_t>(p) % bytes != 0)
-    return bad_arg(name, "misaligned pointer",
-                   "must be " + std::to_string(bytes) + "-byte aligned for 16-byte loads");
+  const std::uintptr_t v = reinterpret_cast<std::uintptr_t>(p);
+  if (v % bytes != 0) {
+    char hex[2 + 2 * sizeof(v) + 1];
+    std::snprintf(hex, sizeof(hex), "0x%llx", static_cast<unsigned long long>(v));
+    return bad_arg(name, hex, "a " + std::to_string(bytes) + "-byte aligned address");
+  }
   return Status::ok();
 }
 
@@ -68,7 +72,7 @@ inline Status validate(const DecodeArgs& a) {
   if (!is_valid_dtype(a.kv_type))
     return bad_arg("kv_type", std::to_string(int(a.kv_type)),
                    "bf16, fp16, fp8_e4m3fn or fp8_e4m3fnuz");
-  if (!(s = check_range("batch", a.batch, 0, 1 << 24))) return s;
+  if (!(s = check_range("batch", a.batch, 0, kMaxBatch))) return s;
   if (!(s = check_range("num_heads", a.num_heads, 1, kMaxHeads))) return s;
   if (!(s = check_range("q_len", a.q_len, 1, kMaxQLen))) return s;
   if (!(s = check_range("page_size", a.page_size, 1, kMaxPageSize))) return s;
@@ -80,6 +84,11 @@ inline Status validate(const DecodeArgs& a) {
   if (a.split_mode == SplitMode::fixed &&
       !(s = check_range("num_splits", a.num_splits, 1, kMaxSplits)))
     return s;
+  if (a.split_mode == SplitMode::fixed && a.batch > 0 &&
+      (long long)a.batch * a.num_splits > kMaxBatch)
+    return bad_arg("num_splits", std::to_string(a.num_splits),
+                   "batch x num_splits <= " + std::to_string(kMaxBatch) + " (batch " +
+                       std::to_string(a.batch) + ")");
   if (a.batch == 0) return Status::ok();  // nothing to compute; pointers may be null
 
   if (!(s = check_ptr("q", a.q)) || !(s = check_ptr("kv", a.kv)) ||
