@@ -1,7 +1,6 @@
 // GPU tests of decode(): every axis of the domain against the double-precision reference,
 // on random data with NaN-poisoned outputs, unused pages and page tails.
 #include <catch2/catch.hpp>
-
 #include <cstring>
 
 #include "gpu_harness.hpp"
@@ -117,7 +116,10 @@ TEST_CASE("page sizes and page-id formats", "[gpu]") {
 
 TEST_CASE("split modes, LSE on and off", "[gpu]") {
   MLAKIT_REQUIRE_GPU();
-  struct S { SplitMode m; int n; };
+  struct S {
+    SplitMode m;
+    int n;
+  };
   for (S s : {S{SplitMode::automatic, 0}, S{SplitMode::none, 0}, S{SplitMode::fixed, 1},
               S{SplitMode::fixed, 3}, S{SplitMode::fixed, 7}, S{SplitMode::fixed, 64}})
     for (bool lse : {true, false}) {

@@ -8,13 +8,12 @@
 #include <cstdio>
 #include <cstring>
 #include <future>
+#include <mlakit/mlakit.hpp>
+#include <mlakit/reference/decode_reference.hpp>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <mlakit/mlakit.hpp>
-#include <mlakit/reference/decode_reference.hpp>
 
 namespace mlakit::testing {
 
@@ -81,7 +80,9 @@ struct DeviceBuffer {
     return n == 0 || gpu_malloc(&ptr, n);
   }
   template <class T>
-  T* as() const { return static_cast<T*>(ptr); }
+  T* as() const {
+    return static_cast<T*>(ptr);
+  }
 };
 
 struct Case {
@@ -100,14 +101,12 @@ struct Case {
   float q_magnitude = 1.0f;  // larger values make the softmax peaky
 
   std::string name() const {
-    std::string s = std::string(dtype_name(q_type)) + "/" + dtype_name(kv_type) +
-                    " h" + std::to_string(heads) + " q" + std::to_string(q_len) +
+    std::string s = std::string(dtype_name(q_type)) + "/" + dtype_name(kv_type) + " h" +
+                    std::to_string(heads) + " q" + std::to_string(q_len) +
                     (causal ? " causal" : " full") + " ps" + std::to_string(page_size) +
-                    (ids == PageIds::csr ? " csr" : " bt") + " split" +
-                    std::to_string(int(split)) + "/" + std::to_string(num_splits) +
-                    (lse ? " lse" : "") + " lens";
-    for (std::size_t i = 0; i < kv_lens.size() && i < 6; ++i)
-      s += " " + std::to_string(kv_lens[i]);
+                    (ids == PageIds::csr ? " csr" : " bt") + " split" + std::to_string(int(split)) +
+                    "/" + std::to_string(num_splits) + (lse ? " lse" : "") + " lens";
+    for (std::size_t i = 0; i < kv_lens.size() && i < 6; ++i) s += " " + std::to_string(kv_lens[i]);
     if (kv_lens.size() > 6) s += " ...(" + std::to_string(kv_lens.size()) + ")";
     return s;
   }
@@ -275,8 +274,10 @@ inline reference::ReferenceOutput run_reference(const TestProblem& P) {
       reference::ReferenceOutput r;
       Status s = reference::decode_reference(one, &r);
       if (!s) std::fprintf(stderr, "reference: %s\n", s.message().c_str());
-      std::copy(r.out.begin(), r.out.end(), all.out.begin() + std::size_t(b) * a.q_len * a.num_heads * kHeadDimV);
-      std::copy(r.lse.begin(), r.lse.end(), all.lse.begin() + std::size_t(b) * a.q_len * a.num_heads);
+      std::copy(r.out.begin(), r.out.end(),
+                all.out.begin() + std::size_t(b) * a.q_len * a.num_heads * kHeadDimV);
+      std::copy(r.lse.begin(), r.lse.end(),
+                all.lse.begin() + std::size_t(b) * a.q_len * a.num_heads);
     }));
   }
   for (auto& j : jobs) j.get();

@@ -4,10 +4,10 @@
 
 #include "gpu_harness.hpp"
 
-#define MLAKIT_REQUIRE_GPU()                                       \
-  do {                                                             \
-    if (!mlakit::testing::gpu_present()) {                         \
-      WARN("no GPU present: [gpu] test skipped");                  \
-      return;                                                      \
-    }                                                              \
+#define MLAKIT_REQUIRE_GPU()                      \
+  do {                                            \
+    if (!mlakit::testing::gpu_present()) {        \
+      WARN("no GPU present: [gpu] test skipped"); \
+      return;                                     \
+    }                                             \
   } while (0)

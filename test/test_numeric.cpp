@@ -2,7 +2,6 @@
 // (sign / exponent / mantissa fields and std::ldexp, nearest-value searches in double, and
 // the compiler's _Float16 where it exists), never against the code under test.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -20,10 +19,22 @@ namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-float f32(std::uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
-std::uint32_t u32(float f) { std::uint32_t u; std::memcpy(&u, &f, 4); return u; }
+float f32(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+std::uint32_t u32(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
 
-std::string hex(unsigned v) { std::ostringstream s; s << "0x" << std::hex << v; return s.str(); }
+std::string hex(unsigned v) {
+  std::ostringstream s;
+  s << "0x" << std::hex << v;
+  return s.str();
+}
 
 // ---- fp8 reference -------------------------------------------------------------------
 struct Fp8Format {
@@ -40,7 +51,9 @@ struct Fp8Format {
     const double v = e == 0 ? std::ldexp(m, 1 - bias() - 3) : std::ldexp(8 + m, e - bias() - 3);
     return s ? -v : v;
   }
-  float decode(unsigned c) const { return fnuz ? decode_e4m3fnuz(std::uint8_t(c)) : decode_e4m3fn(std::uint8_t(c)); }
+  float decode(unsigned c) const {
+    return fnuz ? decode_e4m3fnuz(std::uint8_t(c)) : decode_e4m3fn(std::uint8_t(c));
+  }
   unsigned encode(float x) const { return fnuz ? encode_e4m3fnuz(x) : encode_e4m3fn(x); }
   // Saturating round-to-nearest-even by searching every positive code.
   unsigned reference_encode(float x) const {
@@ -51,7 +64,10 @@ struct Fp8Format {
       double best = std::numeric_limits<double>::infinity();
       for (unsigned c = 0; c <= max_code(); ++c) {
         const double d = std::fabs(ax - value(c));
-        if (d < best || (d == best && (c & 1u) == 0)) { best = d; mag = c; }
+        if (d < best || (d == best && (c & 1u) == 0)) {
+          best = d;
+          mag = c;
+        }
       }
     }
     if (mag == 0) return (fnuz || !std::signbit(x)) ? 0x00u : 0x80u;
@@ -77,7 +93,8 @@ struct F16Format {
   }
   double value(unsigned c) const {
     if (is_nan(c)) return kNaN;
-    const double v = (c & 0x7FFFu) == inf_code() ? std::numeric_limits<double>::infinity() : magnitude(c);
+    const double v =
+        (c & 0x7FFFu) == inf_code() ? std::numeric_limits<double>::infinity() : magnitude(c);
     return (c & 0x8000u) ? -v : v;
   }
   // Nearest code by binary search over the monotone positive codes, ties to even.
@@ -141,21 +158,21 @@ TEST_CASE("fp8 decode: known values", "[numeric][fp8]") {
   CHECK(decode_e4m3fn(0x7E) == 448.0f);
   CHECK(decode_e4m3fn(0xFE) == -448.0f);
   CHECK(decode_e4m3fn(0x38) == 1.0f);
-  CHECK(decode_e4m3fn(0x08) == 0.015625f);           // min normal 2^-6
-  CHECK(decode_e4m3fn(0x01) == 0.001953125f);        // min subnormal 2^-9
-  CHECK(decode_e4m3fn(0x07) == 0.013671875f);        // max subnormal 7 * 2^-9
+  CHECK(decode_e4m3fn(0x08) == 0.015625f);     // min normal 2^-6
+  CHECK(decode_e4m3fn(0x01) == 0.001953125f);  // min subnormal 2^-9
+  CHECK(decode_e4m3fn(0x07) == 0.013671875f);  // max subnormal 7 * 2^-9
   CHECK(std::isnan(decode_e4m3fn(0x7F)));
   CHECK(std::isnan(decode_e4m3fn(0xFF)));
   CHECK(decode_e4m3fn(0x80) == 0.0f);
-  CHECK(std::signbit(decode_e4m3fn(0x80)));          // fn has -0
+  CHECK(std::signbit(decode_e4m3fn(0x80)));  // fn has -0
   CHECK(!std::signbit(decode_e4m3fn(0x00)));
   CHECK(decode_e4m3fnuz(0x7F) == 240.0f);
   CHECK(decode_e4m3fnuz(0xFF) == -240.0f);
   CHECK(decode_e4m3fnuz(0x40) == 1.0f);
-  CHECK(decode_e4m3fnuz(0x08) == 0.0078125f);        // min normal 2^-7
-  CHECK(decode_e4m3fnuz(0x01) == 0.0009765625f);     // min subnormal 2^-10
-  CHECK(std::isnan(decode_e4m3fnuz(0x80)));          // the only NaN
-  CHECK(decode_e4m3fnuz(0x78) == 128.0f);            // 0x78 is finite in fnuz (inf in neither)
+  CHECK(decode_e4m3fnuz(0x08) == 0.0078125f);     // min normal 2^-7
+  CHECK(decode_e4m3fnuz(0x01) == 0.0009765625f);  // min subnormal 2^-10
+  CHECK(std::isnan(decode_e4m3fnuz(0x80)));       // the only NaN
+  CHECK(decode_e4m3fnuz(0x78) == 128.0f);         // 0x78 is finite in fnuz (inf in neither)
   CHECK(decode_e4m3fn(0x78) == 256.0f);
   CHECK(std::isnan(decode_fp8(DType::fp8_e4m3fnuz, 0x80)));
   CHECK(decode_fp8(DType::fp8_e4m3fn, 0x7E) == 448.0f);
@@ -171,8 +188,8 @@ TEST_CASE("fp8 encode: round trip of every non-NaN code", "[numeric][fp8]") {
       REQUIRE(f.encode(f.decode(c)) == c);
     }
   }
-  CHECK(encode_e4m3fn(-0.0f) == 0x80);   // fn keeps -0
-  CHECK(encode_e4m3fnuz(-0.0f) == 0x00); // fnuz has none
+  CHECK(encode_e4m3fn(-0.0f) == 0x80);    // fn keeps -0
+  CHECK(encode_e4m3fnuz(-0.0f) == 0x00);  // fnuz has none
   // Type-based API.
   CHECK(from_float<fp8_e4m3fn_t>(-2.0f).bits == 0xC0);
   CHECK(to_float(fp8_e4m3fnuz_t{0x48}) == 2.0f);
@@ -187,8 +204,11 @@ TEST_CASE("fp8 encode: midpoints tie to even, neighbours round correctly", "[num
       const unsigned even = (c & 1u) ? c + 1 : c;
       for (float sgn : {1.0f, -1.0f}) {
         const unsigned s = sgn < 0 ? 0x80u : 0u;
-        auto with_sign = [&](unsigned mag) { return (mag == 0 && (f.fnuz || s == 0)) ? 0u : (s | mag); };
-        INFO((f.fnuz ? "e4m3fnuz " : "e4m3fn ") << "between " << hex(c) << " and " << hex(c + 1) << " sign " << sgn);
+        auto with_sign = [&](unsigned mag) {
+          return (mag == 0 && (f.fnuz || s == 0)) ? 0u : (s | mag);
+        };
+        INFO((f.fnuz ? "e4m3fnuz " : "e4m3fn ")
+             << "between " << hex(c) << " and " << hex(c + 1) << " sign " << sgn);
         CHECK(f.encode(sgn * mid) == with_sign(even));
         CHECK(f.encode(sgn * std::nextafter(mid, 1e9f)) == with_sign(c + 1));
         CHECK(f.encode(sgn * std::nextafter(mid, 0.0f)) == with_sign(c));
@@ -225,7 +245,7 @@ TEST_CASE("fp8 encode: saturation, NaN, tiny values", "[numeric][fp8]") {
   CHECK(encode_e4m3fn(std::nextafter(half_fn, 1.0f)) == 0x01);
   CHECK(encode_e4m3fn(-std::nextafter(half_fn, 1.0f)) == 0x81);
   CHECK(encode_e4m3fnuz(half_fnuz) == 0x00);
-  CHECK(encode_e4m3fnuz(-half_fnuz) == 0x00);      // no -0: +0, never the NaN code
+  CHECK(encode_e4m3fnuz(-half_fnuz) == 0x00);  // no -0: +0, never the NaN code
   CHECK(encode_e4m3fnuz(std::nextafter(half_fnuz, 1.0f)) == 0x01);
   CHECK(encode_e4m3fnuz(-std::nextafter(half_fnuz, 1.0f)) == 0x81);
   for (float tiny : {1e-30f, 1e-44f, std::numeric_limits<float>::denorm_min(), 1e-5f}) {
@@ -251,10 +271,12 @@ TEST_CASE("fp8 encode: 1e6 random floats equal the brute-force nearest code", "[
     for (int i = 0; i < 500000; ++i) {
       // Exponents from far below the min subnormal (2^-10/2^-11) to past the max (2^8/2^7);
       // every 16th sample is a raw bit pattern (NaN, inf, float subnormals, huge values).
-      const float x = (i % 16 == 0) ? f32(std::uint32_t(rng())) : random_float_in_range(rng, -16, 10);
+      const float x =
+          (i % 16 == 0) ? f32(std::uint32_t(rng())) : random_float_in_range(rng, -16, 10);
       const unsigned got = f.encode(x), want = f.reference_encode(x);
       if (got != want && mismatches++ == 0) {
-        first = std::to_string(x) + " (" + hex(u32(x)) + "): got " + hex(got) + " want " + hex(want);
+        first =
+            std::to_string(x) + " (" + hex(u32(x)) + "): got " + hex(got) + " want " + hex(want);
       }
     }
     INFO((f.fnuz ? "e4m3fnuz " : "e4m3fn ") << "first mismatch: " << first);
@@ -296,7 +318,9 @@ TEST_CASE("bf16 and fp16 encode: all codes round trip, NaN stays NaN", "[numeric
       // NaN: stays a NaN code with the same sign; the decode/encode pair keeps the payload
       // and sets the quiet bit.
       const unsigned quiet = 1u << (f.man_bits - 1);
-      const bool ok = f.is_nan(c) ? (f.is_nan(e) && (e & 0x8000u) == (c & 0x8000u) && e == (c | quiet)) : e == c;
+      const bool ok = f.is_nan(c)
+                          ? (f.is_nan(e) && (e & 0x8000u) == (c & 0x8000u) && e == (c | quiet))
+                          : e == c;
       if (!ok && bad++ == 0) first = c;
     }
     INFO("first bad code " << hex(first));
@@ -315,23 +339,23 @@ TEST_CASE("bf16 and fp16 encode: ties, overflow, subnormals", "[numeric][f16]") 
   CHECK(encode_bf16(1.0f + std::ldexp(1.0f, -8)) == 0x3F80);
   CHECK(encode_bf16(1.0f + 3 * std::ldexp(1.0f, -8)) == 0x3F82);  // odd below: ties up
   CHECK(encode_bf16(std::nextafter(1.0f + std::ldexp(1.0f, -8), 2.0f)) == 0x3F81);
-  CHECK(encode_bf16(3.4e38f) == 0x7F80);                           // beyond max + half ulp
+  CHECK(encode_bf16(3.4e38f) == 0x7F80);  // beyond max + half ulp
   CHECK(encode_bf16(std::numeric_limits<float>::max()) == 0x7F80);
   CHECK(encode_bf16(-inf) == 0xFF80);
-  CHECK(encode_bf16(f32(0x00010000u)) == 0x0001);                  // bf16 subnormal exact
+  CHECK(encode_bf16(f32(0x00010000u)) == 0x0001);  // bf16 subnormal exact
   // fp16: 2049 is the midpoint of 2048 and 2050 -> 2048; 2051 -> 2052.
   CHECK(encode_fp16(2049.0f) == 0x6800);
   CHECK(encode_fp16(2051.0f) == 0x6802);
   CHECK(encode_fp16(65504.0f) == 0x7BFF);
   CHECK(encode_fp16(65519.99f) == 0x7BFF);
-  CHECK(encode_fp16(65520.0f) == 0x7C00);                           // ties to even = inf
+  CHECK(encode_fp16(65520.0f) == 0x7C00);  // ties to even = inf
   CHECK(encode_fp16(-1e6f) == 0xFC00);
   CHECK(encode_fp16(std::ldexp(1.0f, -24)) == 0x0001);
-  CHECK(encode_fp16(std::ldexp(1.0f, -25)) == 0x0000);             // tie to 0
+  CHECK(encode_fp16(std::ldexp(1.0f, -25)) == 0x0000);  // tie to 0
   CHECK(encode_fp16(-std::ldexp(1.0f, -25)) == 0x8000);
   CHECK(encode_fp16(std::nextafter(std::ldexp(1.0f, -25), 1.0f)) == 0x0001);
-  CHECK(encode_fp16(std::ldexp(3.0f, -25)) == 0x0002);             // 1.5 ulp ties to 2
-  CHECK(encode_fp16(std::ldexp(2047.0f, -25)) == 0x0400);          // to the min normal
+  CHECK(encode_fp16(std::ldexp(3.0f, -25)) == 0x0002);     // 1.5 ulp ties to 2
+  CHECK(encode_fp16(std::ldexp(2047.0f, -25)) == 0x0400);  // to the min normal
   CHECK(encode_fp16(1e-10f) == 0x0000);
 }
 
@@ -342,8 +366,9 @@ TEST_CASE("bf16 and fp16 encode: random floats equal the nearest code", "[numeri
     long bad = 0;
     std::string first;
     for (int i = 0; i < 1000000; ++i) {
-      const float x = (i % 2 == 0) ? f32(std::uint32_t(rng()))
-                                   : random_float_in_range(rng, is_bf16 ? -140 : -27, is_bf16 ? 127 : 17);
+      const float x = (i % 2 == 0)
+                          ? f32(std::uint32_t(rng()))
+                          : random_float_in_range(rng, is_bf16 ? -140 : -27, is_bf16 ? 127 : 17);
       const unsigned got = is_bf16 ? encode_bf16(x) : encode_fp16(x);
       bool ok;
       if (std::isnan(x)) {

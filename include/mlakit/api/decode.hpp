@@ -45,8 +45,7 @@ inline std::size_t workspace_bytes(const DecodeArgs& a, const DeviceInfo& dev) {
   if (a.batch <= 0 || a.num_heads <= 0 || a.q_len <= 0) return 0;
   const int rows_per_cta = detail::policy_rows(a);
   const PlanShape s = detail::plan_shape(a, rows_per_cta, dev);
-  return static_cast<std::size_t>(
-      detail::workspace_layout(s, s.row_tiles * rows_per_cta).bytes);
+  return static_cast<std::size_t>(detail::workspace_layout(s, s.row_tiles * rows_per_cta).bytes);
 }
 
 // Ok when decode(a) would run: the arguments are in the domain and a GPU backend exists.
@@ -90,8 +89,8 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
                       std::to_string(wl.bytes) + " (call workspace_bytes())");
   if (Tr::kSmemBytes > dev.max_smem_optin)
     return Status(StatusCode::not_supported,
-                  "device shared memory per block " + std::to_string(dev.max_smem_optin) +
-                      " < " + std::to_string(Tr::kSmemBytes) + " bytes the kernel needs");
+                  "device shared memory per block " + std::to_string(dev.max_smem_optin) + " < " +
+                      std::to_string(Tr::kSmemBytes) + " bytes the kernel needs");
   Status s = prepare_kernel<Tr>(decode_kernel<Tr>, Tr::kSmemBytes, dev.device);
   if (!s) return s;
 
@@ -104,8 +103,8 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
 
   plan_kernel<><<<1, kPlannerThreads, 0, stream>>>(a, shape, k.ws);
   if (!(s = check_launch("plan_kernel"))) return s;
-  decode_kernel<Tr><<<dim3(shape.row_tiles, shape.num_ctas), Tr::kThreads, Tr::kSmemBytes,
-                      stream>>>(k);
+  decode_kernel<Tr>
+      <<<dim3(shape.row_tiles, shape.num_ctas), Tr::kThreads, Tr::kSmemBytes, stream>>>(k);
   if (!(s = check_launch("decode_kernel"))) return s;
   if (shape.max_partials() > 0) {
     constexpr int kRowsPerBlock = kCombineThreads / kWarpSize;
@@ -119,8 +118,7 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
 // Launch of a problem whose row count may be dynamic: the policy is picked by rows.
 template <class Problem, int... I>
 inline Status launch_by_rows(const DecodeArgs& a, const DeviceInfo& dev, void* ws,
-                             std::size_t bytes, Stream stream,
-                             std::integer_sequence<int, I...>) {
+                             std::size_t bytes, Stream stream, std::integer_sequence<int, I...>) {
   const int idx = arch::policy_index_for_rows(a.rows());
   Status s(StatusCode::not_supported, "no policy");
   (void)((idx == I ? (s = launch_instance<Problem, I>(a, dev, ws, bytes, stream), true) : false) ||
@@ -138,15 +136,14 @@ struct Decode {
     Status s = validate(a);
     if (!s) return s;
     if (a.q_type != Problem::q_dtype())
-      return detail::bad_arg("q_type", dtype_name(a.q_type),
-                             std::string("this instantiation expects ") +
-                                 dtype_name(Problem::q_dtype()));
+      return detail::bad_arg(
+          "q_type", dtype_name(a.q_type),
+          std::string("this instantiation expects ") + dtype_name(Problem::q_dtype()));
     if (Problem::kDirectKv && a.kv_type != Problem::q_dtype())
-      return detail::bad_arg("kv_type", dtype_name(a.kv_type),
-                             std::string("this instantiation expects ") +
-                                 dtype_name(Problem::q_dtype()));
-    if (Problem::kv_is_fixed &&
-        a.kv_type != detail::KvDTypeOf<typename Problem::kv_type>::value)
+      return detail::bad_arg(
+          "kv_type", dtype_name(a.kv_type),
+          std::string("this instantiation expects ") + dtype_name(Problem::q_dtype()));
+    if (Problem::kv_is_fixed && a.kv_type != detail::KvDTypeOf<typename Problem::kv_type>::value)
       return detail::bad_arg("kv_type", dtype_name(a.kv_type),
                              std::string("this instantiation expects ") +
                                  dtype_name(detail::KvDTypeOf<typename Problem::kv_type>::value));
@@ -181,9 +178,8 @@ struct Decode {
       constexpr int idx = arch::policy_index_for_rows(Problem::kRows);
       return detail::launch_instance<Problem, idx>(a, dev, workspace, workspace_size, stream);
     } else {
-      return detail::launch_by_rows<Problem>(
-          a, dev, workspace, workspace_size, stream,
-          std::make_integer_sequence<int, arch::kNumPolicies>{});
+      return detail::launch_by_rows<Problem>(a, dev, workspace, workspace_size, stream,
+                                             std::make_integer_sequence<int, arch::kNumPolicies>{});
     }
   }
 };

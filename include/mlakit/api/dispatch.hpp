@@ -22,15 +22,20 @@ inline Status dispatch(const DecodeArgs& a, const DeviceInfo& dev, void* ws, std
       (a.kv_type == DType::fp8_e4m3fn || a.kv_type == DType::bf16)) {
     const bool fp8 = a.kv_type == DType::fp8_e4m3fn;
     switch (a.q_len) {
-      case 1: return fp8 ? Decode<HotFp8<1>>::launch_with(a, dev, ws, bytes, stream)
-                         : Decode<HotBf16<1>>::launch_with(a, dev, ws, bytes, stream);
-      case 2: return fp8 ? Decode<HotFp8<2>>::launch_with(a, dev, ws, bytes, stream)
-                         : Decode<HotBf16<2>>::launch_with(a, dev, ws, bytes, stream);
-      case 4: return fp8 ? Decode<HotFp8<4>>::launch_with(a, dev, ws, bytes, stream)
-                         : Decode<HotBf16<4>>::launch_with(a, dev, ws, bytes, stream);
-      case 8: return fp8 ? Decode<HotFp8<8>>::launch_with(a, dev, ws, bytes, stream)
-                         : Decode<HotBf16<8>>::launch_with(a, dev, ws, bytes, stream);
-      default: break;
+      case 1:
+        return fp8 ? Decode<HotFp8<1>>::launch_with(a, dev, ws, bytes, stream)
+                   : Decode<HotBf16<1>>::launch_with(a, dev, ws, bytes, stream);
+      case 2:
+        return fp8 ? Decode<HotFp8<2>>::launch_with(a, dev, ws, bytes, stream)
+                   : Decode<HotBf16<2>>::launch_with(a, dev, ws, bytes, stream);
+      case 4:
+        return fp8 ? Decode<HotFp8<4>>::launch_with(a, dev, ws, bytes, stream)
+                   : Decode<HotBf16<4>>::launch_with(a, dev, ws, bytes, stream);
+      case 8:
+        return fp8 ? Decode<HotFp8<8>>::launch_with(a, dev, ws, bytes, stream)
+                   : Decode<HotBf16<8>>::launch_with(a, dev, ws, bytes, stream);
+      default:
+        break;
     }
   }
 #endif
@@ -56,7 +61,9 @@ inline Status decode(const DecodeArgs& a, void* workspace, std::size_t workspace
   Status s = supported(a);
   if (!s || a.batch == 0) return s;
 #if defined(MLAKIT_PLATFORM_NONE)
-  (void)workspace; (void)workspace_size; (void)stream;
+  (void)workspace;
+  (void)workspace_size;
+  (void)stream;
   return Status(StatusCode::not_supported, "no GPU backend");
 #else
   DeviceInfo dev;

@@ -24,8 +24,12 @@ struct MmaAtomSm80 {
   // to its slot, slot_row a slot to its row.
   static constexpr int kRowsPerLane = 2;
 
-  struct FragA { std::uint32_t r[4]; };
-  struct FragB { std::uint32_t r[2]; };
+  struct FragA {
+    std::uint32_t r[4];
+  };
+  struct FragB {
+    std::uint32_t r[2];
+  };
   using Acc = float[4];
 
   __device__ static int acc_row(int i, int lane) { return (lane >> 2) + 8 * (i >> 1); }

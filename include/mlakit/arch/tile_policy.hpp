@@ -7,12 +7,12 @@
 namespace mlakit::arch {
 
 struct TilePolicy {
-  int rows;        // rows (token, head) per CTA: 16, 32 or 64
-  int kv_tile;     // KV tokens per pipeline step
-  int threads;     // threads per CTA
-  int stages;      // KV tiles in shared memory when KV needs no conversion
-  int raw_bytes;   // shared bytes for raw KV staging when KV is converted (fp8 / other 16-bit)
-  int ctas_per_sm; // CTAs the kernel is compiled to keep resident per SM (launch bounds)
+  int rows;         // rows (token, head) per CTA: 16, 32 or 64
+  int kv_tile;      // KV tokens per pipeline step
+  int threads;      // threads per CTA
+  int stages;       // KV tiles in shared memory when KV needs no conversion
+  int raw_bytes;    // shared bytes for raw KV staging when KV is converted (fp8 / other 16-bit)
+  int ctas_per_sm;  // CTAs the kernel is compiled to keep resident per SM (launch bounds)
 };
 
 #if defined(MLAKIT_PLATFORM_HIP)

@@ -23,8 +23,7 @@ MLAKIT_HOST_DEVICE constexpr int visible_keys(int kv_len, int q_len, int t, bool
 
 // Keys visible to any row of a row tile whose last row belongs to query token t_last: the
 // tile's KV range ends there, and only its final KV tiles need a per-row mask.
-MLAKIT_HOST_DEVICE constexpr int tile_visible_keys(int kv_len, int q_len, int t_last,
-                                                   bool causal) {
+MLAKIT_HOST_DEVICE constexpr int tile_visible_keys(int kv_len, int q_len, int t_last, bool causal) {
   return visible_keys(kv_len, q_len, t_last, causal);
 }
 

@@ -38,10 +38,10 @@ struct DecodeArgs {
   DType kv_type = DType::bf16;
 
   // --- shapes ----------------------------------------------------------------------------
-  int batch = 0;      // requests
-  int num_heads = 0;  // query heads sharing the single latent KV head, 1..128
-  int q_len = 0;      // query tokens per request, 1..32 (speculative verify: draft + 1)
-  bool causal = true; // bottom-right aligned: token t sees keys j <= kv_len - q_len + t
+  int batch = 0;       // requests
+  int num_heads = 0;   // query heads sharing the single latent KV head, 1..128
+  int q_len = 0;       // query tokens per request, 1..32 (speculative verify: draft + 1)
+  bool causal = true;  // bottom-right aligned: token t sees keys j <= kv_len - q_len + t
 
   // --- Q: [batch, q_len, num_heads, 576] ---------------------------------------------------
   const void* q = nullptr;
@@ -53,7 +53,7 @@ struct DecodeArgs {
   const void* kv = nullptr;
   std::int64_t kv_stride_page = 0;
   std::int64_t kv_stride_token = 0;
-  int page_size = 0;  // tokens per page, 1..256
+  int page_size = 0;      // tokens per page, 1..256
   float kv_scale = 1.0f;  // fp8 caches: value = decode(byte) * kv_scale; 1 for 16-bit caches
 
   // --- page ids ----------------------------------------------------------------------------
@@ -81,7 +81,7 @@ struct DecodeArgs {
   // --- math and scheduling -----------------------------------------------------------------
   float softmax_scale = 0.0f;  // multiplies Q.K (model specific: never assumed)
   SplitMode split_mode = SplitMode::automatic;
-  int num_splits = 0;       // SplitMode::fixed only: 1..64
+  int num_splits = 0;          // SplitMode::fixed only: 1..64
   bool deterministic = false;  // results are bitwise reproducible in every mode; see README
 
   int rows() const { return num_heads * q_len; }  // rows per request, row = t * heads + h

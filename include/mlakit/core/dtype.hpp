@@ -25,10 +25,14 @@ constexpr bool is_valid_dtype(DType t) { return static_cast<unsigned>(t) < kNumD
 
 constexpr const char* dtype_name(DType t) {
   switch (t) {
-    case DType::bf16: return "bf16";
-    case DType::fp16: return "fp16";
-    case DType::fp8_e4m3fn: return "fp8_e4m3fn";
-    case DType::fp8_e4m3fnuz: return "fp8_e4m3fnuz";
+    case DType::bf16:
+      return "bf16";
+    case DType::fp16:
+      return "fp16";
+    case DType::fp8_e4m3fn:
+      return "fp8_e4m3fn";
+    case DType::fp8_e4m3fnuz:
+      return "fp8_e4m3fnuz";
   }
   return "invalid";
 }

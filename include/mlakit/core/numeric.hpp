@@ -16,10 +16,18 @@ namespace mlakit {
 
 // Storage types: one member, trivially copyable, so arrays of them can sit in device memory
 // and be reinterpreted from raw buffers.
-struct bf16_t { std::uint16_t bits; };
-struct fp16_t { std::uint16_t bits; };
-struct fp8_e4m3fn_t { std::uint8_t bits; };
-struct fp8_e4m3fnuz_t { std::uint8_t bits; };
+struct bf16_t {
+  std::uint16_t bits;
+};
+struct fp16_t {
+  std::uint16_t bits;
+};
+struct fp8_e4m3fn_t {
+  std::uint8_t bits;
+};
+struct fp8_e4m3fnuz_t {
+  std::uint8_t bits;
+};
 
 MLAKIT_HOST_DEVICE constexpr float bits_to_float(std::uint32_t u) {
   return __builtin_bit_cast(float, u);
@@ -174,7 +182,8 @@ MLAKIT_HOST_DEVICE constexpr float to_float(fp8_e4m3fn_t v) { return decode_e4m3
 MLAKIT_HOST_DEVICE constexpr float to_float(fp8_e4m3fnuz_t v) { return decode_e4m3fnuz(v.bits); }
 
 namespace detail {
-template <class T> inline constexpr bool kAlwaysFalse = false;
+template <class T>
+inline constexpr bool kAlwaysFalse = false;
 }
 
 // from_float<T>(x): round to nearest even; see encode_* for overflow and NaN rules.
@@ -184,9 +193,13 @@ MLAKIT_HOST_DEVICE constexpr T from_float(float) {
   return T{};
 }
 template <>
-MLAKIT_HOST_DEVICE constexpr bf16_t from_float<bf16_t>(float x) { return bf16_t{encode_bf16(x)}; }
+MLAKIT_HOST_DEVICE constexpr bf16_t from_float<bf16_t>(float x) {
+  return bf16_t{encode_bf16(x)};
+}
 template <>
-MLAKIT_HOST_DEVICE constexpr fp16_t from_float<fp16_t>(float x) { return fp16_t{encode_fp16(x)}; }
+MLAKIT_HOST_DEVICE constexpr fp16_t from_float<fp16_t>(float x) {
+  return fp16_t{encode_fp16(x)};
+}
 template <>
 MLAKIT_HOST_DEVICE constexpr fp8_e4m3fn_t from_float<fp8_e4m3fn_t>(float x) {
   return fp8_e4m3fn_t{encode_e4m3fn(x)};
@@ -197,19 +210,47 @@ MLAKIT_HOST_DEVICE constexpr fp8_e4m3fnuz_t from_float<fp8_e4m3fnuz_t>(float x) 
 }
 
 // ---- DType <-> storage type ------------------------------------------------------------
-template <DType D> struct StorageOf;
-template <> struct StorageOf<DType::bf16> { using type = bf16_t; };
-template <> struct StorageOf<DType::fp16> { using type = fp16_t; };
-template <> struct StorageOf<DType::fp8_e4m3fn> { using type = fp8_e4m3fn_t; };
-template <> struct StorageOf<DType::fp8_e4m3fnuz> { using type = fp8_e4m3fnuz_t; };
-template <DType D> using storage_of_t = typename StorageOf<D>::type;
+template <DType D>
+struct StorageOf;
+template <>
+struct StorageOf<DType::bf16> {
+  using type = bf16_t;
+};
+template <>
+struct StorageOf<DType::fp16> {
+  using type = fp16_t;
+};
+template <>
+struct StorageOf<DType::fp8_e4m3fn> {
+  using type = fp8_e4m3fn_t;
+};
+template <>
+struct StorageOf<DType::fp8_e4m3fnuz> {
+  using type = fp8_e4m3fnuz_t;
+};
+template <DType D>
+using storage_of_t = typename StorageOf<D>::type;
 
-template <class T> struct DTypeOf;
-template <> struct DTypeOf<bf16_t> { static constexpr DType value = DType::bf16; };
-template <> struct DTypeOf<fp16_t> { static constexpr DType value = DType::fp16; };
-template <> struct DTypeOf<fp8_e4m3fn_t> { static constexpr DType value = DType::fp8_e4m3fn; };
-template <> struct DTypeOf<fp8_e4m3fnuz_t> { static constexpr DType value = DType::fp8_e4m3fnuz; };
-template <class T> inline constexpr DType dtype_of_v = DTypeOf<T>::value;
+template <class T>
+struct DTypeOf;
+template <>
+struct DTypeOf<bf16_t> {
+  static constexpr DType value = DType::bf16;
+};
+template <>
+struct DTypeOf<fp16_t> {
+  static constexpr DType value = DType::fp16;
+};
+template <>
+struct DTypeOf<fp8_e4m3fn_t> {
+  static constexpr DType value = DType::fp8_e4m3fn;
+};
+template <>
+struct DTypeOf<fp8_e4m3fnuz_t> {
+  static constexpr DType value = DType::fp8_e4m3fnuz;
+};
+template <class T>
+inline constexpr DType dtype_of_v = DTypeOf<T>::value;
 
 static_assert(sizeof(bf16_t) == 2 && sizeof(fp16_t) == 2, "16-bit storage must be 2 bytes");
 static_assert(sizeof(fp8_e4m3fn_t) == 1 && sizeof(fp8_e4m3fnuz_t) == 1, "fp8 must be 1 byte");

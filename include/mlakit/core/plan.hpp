@@ -24,8 +24,8 @@ inline constexpr int kPlanWaves = 2;      // automatic mode: CTAs per SM to aim 
 // Grid-level shape of a plan: everything here is known on the host before launch.
 struct PlanShape {
   int batch = 0;
-  int row_tiles = 1;   // CTAs along the row dimension (rows of a request / rows per CTA)
-  int num_ctas = 0;    // CTAs along the KV dimension (the planner's G)
+  int row_tiles = 1;  // CTAs along the row dimension (rows of a request / rows per CTA)
+  int num_ctas = 0;   // CTAs along the KV dimension (the planner's G)
   SplitMode mode = SplitMode::automatic;
   int fixed_splits = 1;
 
@@ -66,9 +66,12 @@ MLAKIT_HOST_DEVICE inline int clamp_kv_len(int len, std::int64_t capacity) {
 
 MLAKIT_HOST_DEVICE inline int request_cost(const PlanShape& p, int kv_len) {
   switch (p.mode) {
-    case SplitMode::none: return 1;
-    case SplitMode::fixed: return p.fixed_splits;
-    default: return kOverheadUnits + (kv_len + kPlanTokens - 1) / kPlanTokens;
+    case SplitMode::none:
+      return 1;
+    case SplitMode::fixed:
+      return p.fixed_splits;
+    default:
+      return kOverheadUnits + (kv_len + kPlanTokens - 1) / kPlanTokens;
   }
 }
 
@@ -77,7 +80,8 @@ MLAKIT_HOST_DEVICE inline int request_cost(const PlanShape& p, int kv_len) {
 MLAKIT_HOST_DEVICE inline int token_at(const PlanShape& p, int kv_len, int cost, int pos) {
   if (pos >= cost) return kv_len;
   switch (p.mode) {
-    case SplitMode::none: return 0;
+    case SplitMode::none:
+      return 0;
     case SplitMode::fixed: {
       const int tiles = (kv_len + kPlanTokens - 1) / kPlanTokens;
       const int chunk = ((tiles + cost - 1) / cost) * kPlanTokens;
@@ -143,7 +147,10 @@ MLAKIT_HOST_DEVICE inline int request_at(const RequestPlan* r, int batch, std::i
   int lo = 0, hi = batch - 1;  // invariant: r[lo].cost_begin <= pos (r[0].cost_begin == 0)
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (r[mid].cost_begin <= pos) lo = mid; else hi = mid - 1;
+    if (r[mid].cost_begin <= pos)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   return lo;
 }

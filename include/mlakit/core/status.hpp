@@ -6,19 +6,24 @@ namespace mlakit {
 
 enum class StatusCode {
   ok = 0,
-  invalid_argument,    // an argument is outside the supported domain; the message says which
-  not_supported,       // a valid request this build cannot serve (e.g. no GPU backend compiled)
-  workspace_too_small, // the caller's workspace is smaller than workspace_bytes()
-  runtime_error,       // the GPU runtime reported an error (launch, attribute, device query)
+  invalid_argument,     // an argument is outside the supported domain; the message says which
+  not_supported,        // a valid request this build cannot serve (e.g. no GPU backend compiled)
+  workspace_too_small,  // the caller's workspace is smaller than workspace_bytes()
+  runtime_error,        // the GPU runtime reported an error (launch, attribute, device query)
 };
 
 constexpr const char* status_code_name(StatusCode c) {
   switch (c) {
-    case StatusCode::ok: return "ok";
-    case StatusCode::invalid_argument: return "invalid_argument";
-    case StatusCode::not_supported: return "not_supported";
-    case StatusCode::workspace_too_small: return "workspace_too_small";
-    case StatusCode::runtime_error: return "runtime_error";
+    case StatusCode::ok:
+      return "ok";
+    case StatusCode::invalid_argument:
+      return "invalid_argument";
+    case StatusCode::not_supported:
+      return "not_supported";
+    case StatusCode::workspace_too_small:
+      return "workspace_too_small";
+    case StatusCode::runtime_error:
+      return "runtime_error";
   }
   return "unknown";
 }

@@ -3,8 +3,8 @@
 // allowed range. Nothing here reads device memory, so kv_len values are not checked (the
 // device clamps them to the request's page capacity instead).
 #include <cmath>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
 #include "decode_args.hpp"
@@ -48,14 +48,13 @@ inline Status check_stride(const char* name, std::int64_t stride, int extent, st
   if (extent <= 1) return Status::ok();
   if (stride < min || stride % multiple != 0)
     return bad_arg(name, std::to_string(stride),
-                   "a multiple of " + std::to_string(multiple) + " that is >= " +
-                       std::to_string(min) + " elements");
+                   "a multiple of " + std::to_string(multiple) +
+                       " that is >= " + std::to_string(min) + " elements");
   return Status::ok();
 }
 
 inline Status check_scale(const char* name, float v) {
-  if (!std::isfinite(v) || !(v > 0.0f))
-    return bad_arg(name, std::to_string(v), "finite and > 0");
+  if (!std::isfinite(v) || !(v > 0.0f)) return bad_arg(name, std::to_string(v), "finite and > 0");
   return Status::ok();
 }
 
@@ -124,12 +123,10 @@ inline Status validate(const DecodeArgs& a) {
 
   if (a.page_ids == PageIds::block_table) {
     if (!(s = check_ptr("block_table", a.block_table))) return s;
-    if (!(s = check_range("max_pages_per_request", a.max_pages_per_request, 1, 1 << 30)))
-      return s;
+    if (!(s = check_range("max_pages_per_request", a.max_pages_per_request, 1, 1 << 30))) return s;
     if (a.batch > 1 && a.block_table_stride < a.max_pages_per_request)
       return bad_arg("block_table_stride", std::to_string(a.block_table_stride),
-                     ">= max_pages_per_request (" + std::to_string(a.max_pages_per_request) +
-                         ")");
+                     ">= max_pages_per_request (" + std::to_string(a.max_pages_per_request) + ")");
   } else if (a.page_ids == PageIds::csr) {
     if (!(s = check_ptr("kv_indptr", a.kv_indptr)) || !(s = check_ptr("kv_indices", a.kv_indices)))
       return s;

@@ -14,8 +14,7 @@ namespace mlakit::detail {
 inline constexpr int kCombineThreads = 256;
 
 template <class T>
-__global__ void __launch_bounds__(kCombineThreads) combine_kernel(DecodeArgs a,
-                                                                  WorkspaceView ws) {
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(DecodeArgs a, WorkspaceView ws) {
   constexpr int kWarps = kCombineThreads / kWarpSize;
   constexpr int kColsPerLane = kHeadDimV / kWarpSize;  // 16 (NVIDIA) or 8 (AMD)
   const int b = static_cast<int>(blockIdx.x);
@@ -37,8 +36,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(DecodeArgs a,
     const std::int64_t slot_row = std::int64_t(r.partial_base + i) * ws.rows_padded + row;
     const float w = merge.weight(ws.partial_lse[slot_row]);
     if (w == 0.0f) continue;  // empty piece: its O is 0 and may be skipped
-    const float4* src =
-        reinterpret_cast<const float4*>(ws.partial_o + slot_row * kHeadDimV) + lane;
+    const float4* src = reinterpret_cast<const float4*>(ws.partial_o + slot_row * kHeadDimV) + lane;
 #pragma unroll
     for (int j = 0; j < kColsPerLane / 4; ++j) {
       const float4 v = src[j * kWarpSize];
@@ -49,8 +47,8 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(DecodeArgs a,
     }
   }
   const int t = row / a.num_heads, h = row % a.num_heads;
-  T* out = static_cast<T*>(a.out) + b * a.o_stride_batch + t * a.o_stride_token +
-           h * a.o_stride_head;
+  T* out =
+      static_cast<T*>(a.out) + b * a.o_stride_batch + t * a.o_stride_token + h * a.o_stride_head;
 #pragma unroll
   for (int j = 0; j < kColsPerLane / 4; ++j) {
     const int col = 4 * (lane + j * kWarpSize);

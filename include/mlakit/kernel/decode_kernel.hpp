@@ -88,8 +88,8 @@ struct DecodeTraits {
 
 // Converts one 16-byte chunk of raw KV (token `tok`, raw chunk `ch`) into the compute tile.
 template <class Tr>
-__device__ __forceinline__ void store_converted(DType kv, const uint4& raw,
-                                                typename Tr::T* tile, int tok, int ch) {
+__device__ __forceinline__ void store_converted(DType kv, const uint4& raw, typename Tr::T* tile,
+                                                int tok, int ch) {
   using L = typename Tr::KvLayout;
   if (is_fp8(kv)) {
     uint4 o0, o1;
@@ -258,9 +258,12 @@ struct DecodeMainloop {
           tile = sKv(it % Tr::kStages);
         } else {
           // Raw stages: 1 (16-bit KV of the other type) to 3 (fp8, small row tiles).
-          if (raw_stages >= 3) Copy::template wait<2>();
-          else if (raw_stages == 2) Copy::template wait<1>();
-          else Copy::template wait<0>();
+          if (raw_stages >= 3)
+            Copy::template wait<2>();
+          else if (raw_stages == 2)
+            Copy::template wait<1>();
+          else
+            Copy::template wait<0>();
           block_sync();
           convert_raw(it % raw_stages);
           block_sync();
@@ -269,8 +272,7 @@ struct DecodeMainloop {
           Copy::commit();
           tile = sKv(0);
         }
-        tile_step(tile, kt, kt + Tr::kKvTile > mask_from, row_limit, m_run, l_run, o, rg, cg,
-                  lane);
+        tile_step(tile, kt, kt + Tr::kKvTile > mask_from, row_limit, m_run, l_run, o, rg, cg, lane);
       }
     }
     epilogue(pc, m_run, l_run, o, rg, cg, lane);
@@ -482,8 +484,17 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kPolicy.ctas_per_sm)
   const int cta = static_cast<int>(blockIdx.y);
   const CtaPlan cp = p.ws.ctas[cta];
   const int per_cta = p.ws.header[1];
-  DecodeMainloop<Tr> ml{p, smem, 0, row_tile, Tr::heads(p.a), Tr::q_len(p.a), 0, 0,
-                        Tr::causal(p.a), Tr::kv_dtype(p.a), 0};
+  DecodeMainloop<Tr> ml{p,
+                        smem,
+                        0,
+                        row_tile,
+                        Tr::heads(p.a),
+                        Tr::q_len(p.a),
+                        0,
+                        0,
+                        Tr::causal(p.a),
+                        Tr::kv_dtype(p.a),
+                        0};
   ml.rows = ml.heads * ml.q_len;
   ml.row0 = row_tile * Tr::kRows;
   ml.kv_bytes = static_cast<int>(dtype_bytes(ml.kv));

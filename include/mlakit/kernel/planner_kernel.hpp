@@ -20,8 +20,8 @@ __device__ inline std::int64_t page_capacity(const DecodeArgs& a, int b) {
 }
 
 template <int Threads = kPlannerThreads>
-__global__ void __launch_bounds__(Threads) plan_kernel(DecodeArgs a, PlanShape shape,
-                                                       WorkspaceView ws) {
+__global__ void __launch_bounds__(Threads)
+    plan_kernel(DecodeArgs a, PlanShape shape, WorkspaceView ws) {
   using Scan = BlockExclusiveSum<Threads>;
   __shared__ typename Scan::Storage scan_storage;
   const int tid = static_cast<int>(threadIdx.x);

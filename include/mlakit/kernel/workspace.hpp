@@ -10,12 +10,12 @@
 namespace mlakit::detail {
 
 struct WorkspaceView {
-  int* header;             // [0] total cost, [1] units per CTA, [2] partial slots used
-  RequestPlan* requests;   // [batch]
-  CtaPlan* ctas;           // [num_ctas]
-  float* partial_o;        // [max_partials][rows_padded][512]
-  float* partial_lse;      // [max_partials][rows_padded]
-  int rows_padded;         // row_tiles * rows per CTA
+  int* header;            // [0] total cost, [1] units per CTA, [2] partial slots used
+  RequestPlan* requests;  // [batch]
+  CtaPlan* ctas;          // [num_ctas]
+  float* partial_o;       // [max_partials][rows_padded][512]
+  float* partial_lse;     // [max_partials][rows_padded]
+  int rows_padded;        // row_tiles * rows per CTA
 };
 
 struct WorkspaceLayout {
@@ -30,8 +30,7 @@ inline WorkspaceLayout workspace_layout(const PlanShape& shape, int rows_padded)
   w.plan = plan_layout(shape);
   const std::int64_t parts = shape.max_partials();
   w.partial_o_offset = w.plan.bytes;
-  w.partial_lse_offset =
-      align_up(w.partial_o_offset + parts * rows_padded * kHeadDimV * 4, 256);
+  w.partial_lse_offset = align_up(w.partial_o_offset + parts * rows_padded * kHeadDimV * 4, 256);
   w.bytes = align_up(w.partial_lse_offset + parts * rows_padded * 4, 256);
   return w;
 }

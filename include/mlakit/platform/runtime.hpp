@@ -20,9 +20,9 @@ using Stream = void*;
 // What the planner and the dispatch need to know about a device.
 struct DeviceInfo {
   int device = 0;
-  int sm_count = 0;          // SMs (NVIDIA) or CUs (AMD)
-  int max_smem_optin = 0;    // bytes of shared memory / LDS one block may use
-  int arch = 0;              // NVIDIA: 10*major+minor (90 = Hopper); AMD: gfx number (942)
+  int sm_count = 0;        // SMs (NVIDIA) or CUs (AMD)
+  int max_smem_optin = 0;  // bytes of shared memory / LDS one block may use
+  int arch = 0;            // NVIDIA: 10*major+minor (90 = Hopper); AMD: gfx number (942)
 };
 
 inline constexpr bool kHaveGpuBackend =
@@ -61,9 +61,8 @@ inline Status check_launch(const char* kernel_name) {
 template <class Kernel>
 inline Status set_dynamic_smem(Kernel kernel, int bytes) {
 #if defined(MLAKIT_PLATFORM_CUDA)
-  return rt_check(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
-      "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  return rt_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+                  "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
 #else
   return rt_check(hipFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                       hipFuncAttributeMaxDynamicSharedMemorySize, bytes),
@@ -88,13 +87,11 @@ inline Status query_device(DeviceInfo* info) {
             cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
             "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)")))
     return s;
-  if (!(s = detail::rt_check(
-            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
-            "cudaDeviceGetAttribute(ComputeCapabilityMajor)")))
+  if (!(s = detail::rt_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
+                             "cudaDeviceGetAttribute(ComputeCapabilityMajor)")))
     return s;
-  if (!(s = detail::rt_check(
-            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev),
-            "cudaDeviceGetAttribute(ComputeCapabilityMinor)")))
+  if (!(s = detail::rt_check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev),
+                             "cudaDeviceGetAttribute(ComputeCapabilityMinor)")))
     return s;
   *info = DeviceInfo{dev, sms, smem, major * 10 + minor};
   return Status::ok();
@@ -104,8 +101,7 @@ inline Status query_device(DeviceInfo* info) {
   if (!s) return s;
   hipDeviceProp_t p;
   if (!(s = detail::rt_check(hipGetDeviceProperties(&p, dev), "hipGetDeviceProperties"))) return s;
-  *info = DeviceInfo{dev, p.multiProcessorCount, static_cast<int>(p.sharedMemPerBlock),
-                     p.gcnArch};
+  *info = DeviceInfo{dev, p.multiProcessorCount, static_cast<int>(p.sharedMemPerBlock), p.gcnArch};
   return Status::ok();
 #else
   return Status(StatusCode::not_supported,
