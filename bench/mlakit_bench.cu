@@ -252,9 +252,8 @@ void run_shape(benchmark::State& st, Shape s) {
   st.counters["TFLOPs"] = flops / sec / 1e12;
   st.counters["pct_bw"] = 100.0 * bytes / sec / 1e12 / g_copy_tbps;
   st.counters["pct_mma"] = 100.0 * flops / sec / 1e12 / g_mma_tflops;
-  const int rows = s.heads * s.q_len;
-  const int rt = (rows + detail::policy_rows(a) - 1) / detail::policy_rows(a);
-  st.counters["ctas"] = plan_num_ctas(a.split_mode, 1, s.batch, rt, dev.sm_count) * double(rt);
+  const PlanShape plan = detail::plan_shape(a, detail::policy_rows(a), dev);
+  st.counters["ctas"] = double(plan.row_tiles) * plan.num_ctas;
   st.counters["partials"] = header[2];
   st.counters["copy_TBps"] = g_copy_tbps;
   st.counters["mma_TFLOPs"] = g_mma_tflops;

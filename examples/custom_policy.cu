@@ -20,6 +20,8 @@
 #include <random>
 #include <vector>
 
+#include "example_gpu.hpp"
+
 using namespace mlakit;
 
 namespace {
@@ -96,57 +98,11 @@ HostProblem make_problem(const std::vector<int>& lens, std::uint32_t seed) {
   return p;
 }
 
-bool gpu_present() {
-#if defined(MLAKIT_PLATFORM_NONE)
-  return false;
-#elif defined(MLAKIT_PLATFORM_CUDA)
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-#else
-  int n = 0;
-  return hipGetDeviceCount(&n) == hipSuccess && n > 0;
-#endif
-}
-
 #if !defined(MLAKIT_PLATFORM_NONE)
-#if defined(MLAKIT_PLATFORM_CUDA)
-#define GPU(name) cuda##name
-#else
-#define GPU(name) hip##name
-#endif
-#define GPU_CHECK(call)                                                  \
-  do {                                                                   \
-    const auto err_ = (call);                                            \
-    if (err_ != GPU(Success)) {                                          \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, \
-                   GPU(GetErrorString)(err_));                           \
-      std::exit(1);                                                      \
-    }                                                                    \
-  } while (0)
-
-// Device buffers, freed on scope exit.
-struct DeviceMemory {
-  std::vector<void*> owned;
-  void* alloc(std::size_t bytes) {
-    void* d = nullptr;
-    GPU_CHECK(GPU(Malloc)(&d, bytes));
-    owned.push_back(d);
-    return d;
-  }
-  template <class T>
-  T* upload(const std::vector<T>& v) {
-    void* d = alloc(v.size() * sizeof(T));
-    GPU_CHECK(GPU(Memcpy)(d, v.data(), v.size() * sizeof(T), GPU(MemcpyHostToDevice)));
-    return static_cast<T*>(d);
-  }
-  ~DeviceMemory() {
-    for (void* d : owned) (void)GPU(Free)(d);
-  }
-};
 
 // Runs MyDecode on the device and reads O and LSE back into p.out and `lse`.
 void run_on_gpu(HostProblem& p, std::vector<float>& lse) {
-  DeviceMemory mem;
+  example::DeviceMemory mem;
   DecodeArgs a = p.shape;
   a.q = mem.upload(p.q);
   a.kv = mem.upload(p.kv);
@@ -192,7 +148,7 @@ int main() {
   if (rejected) return 1;
 #endif
 
-  const bool gpu = gpu_present();
+  const bool gpu = example::gpu_present();
   if (!gpu)
     std::puts(kHaveGpuBackend
                   ? "no GPU: none was found at run time; running the host reference only"

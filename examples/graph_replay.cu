@@ -19,6 +19,8 @@
 #include <random>
 #include <vector>
 
+#include "example_gpu.hpp"
+
 using namespace mlakit;
 
 namespace {
@@ -89,59 +91,13 @@ HostState make_state(const std::vector<int>& first_lens) {
   return s;
 }
 
-bool gpu_present() {
-#if defined(MLAKIT_PLATFORM_NONE)
-  return false;
-#elif defined(MLAKIT_PLATFORM_CUDA)
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-#else
-  int n = 0;
-  return hipGetDeviceCount(&n) == hipSuccess && n > 0;
-#endif
-}
-
 #if !defined(MLAKIT_PLATFORM_NONE)
-#if defined(MLAKIT_PLATFORM_CUDA)
-#define GPU(name) cuda##name
-#else
-#define GPU(name) hip##name
-#endif
-#define GPU_CHECK(call)                                                  \
-  do {                                                                   \
-    const auto err_ = (call);                                            \
-    if (err_ != GPU(Success)) {                                          \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, \
-                   GPU(GetErrorString)(err_));                           \
-      std::exit(1);                                                      \
-    }                                                                    \
-  } while (0)
-
 void check_status(const Status& s, const char* what) {
   if (s) return;
   std::fprintf(stderr, "%s: %s\n", what, s.message().c_str());
   std::exit(1);
 }
 
-// Device buffers, freed on scope exit.
-struct DeviceMemory {
-  std::vector<void*> owned;
-  void* alloc(std::size_t bytes) {
-    void* d = nullptr;
-    GPU_CHECK(GPU(Malloc)(&d, bytes));
-    owned.push_back(d);
-    return d;
-  }
-  template <class T>
-  T* upload(const std::vector<T>& v) {
-    void* d = alloc(v.size() * sizeof(T));
-    GPU_CHECK(GPU(Memcpy)(d, v.data(), v.size() * sizeof(T), GPU(MemcpyHostToDevice)));
-    return static_cast<T*>(d);
-  }
-  ~DeviceMemory() {
-    for (void* d : owned) (void)GPU(Free)(d);
-  }
-};
 #endif  // !MLAKIT_PLATFORM_NONE
 
 }  // namespace
@@ -152,7 +108,7 @@ int main() {
       "graph_replay: bf16 Q and KV, %d heads, q_len %d, causal, page size %d, %d "
       "requests, %d steps\n",
       kHeads, kQLen, kPageSize, st.shape.batch, kSteps);
-  const bool gpu = gpu_present();
+  const bool gpu = example::gpu_present();
   if (!gpu)
     std::puts(kHaveGpuBackend
                   ? "no GPU: none was found at run time; running the host reference only"
@@ -161,7 +117,7 @@ int main() {
 
 #if !defined(MLAKIT_PLATFORM_NONE)
   // Device buffers, allocated once for every step, as the captured graph needs.
-  DeviceMemory mem;
+  example::DeviceMemory mem;
   DecodeArgs a = st.shape;
   std::uint16_t* d_q = nullptr;      // rewritten every step
   std::int32_t* d_kv_len = nullptr;  // rewritten every step

@@ -22,6 +22,8 @@
 #include <random>
 #include <vector>
 
+#include "example_gpu.hpp"
+
 namespace {
 
 using namespace mlakit;
@@ -86,67 +88,25 @@ HostBatch make_batch(const std::vector<int>& lens, std::uint32_t seed) {
   return h;
 }
 
-bool gpu_present() {
-#if defined(MLAKIT_PLATFORM_NONE)
-  return false;
-#elif defined(MLAKIT_PLATFORM_CUDA)
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-#else
-  int n = 0;
-  return hipGetDeviceCount(&n) == hipSuccess && n > 0;
-#endif
-}
-
 #if !defined(MLAKIT_PLATFORM_NONE)
-// One spelling for both runtimes: GPU(Malloc) is cudaMalloc or hipMalloc.
-#if defined(MLAKIT_PLATFORM_CUDA)
-#define GPU(name) cuda##name
-#else
-#define GPU(name) hip##name
-#endif
-// The example (never the library) stops on a failed runtime call.
-#define GPU_CHECK(call)                                                  \
-  do {                                                                   \
-    const auto err_ = (call);                                            \
-    if (err_ != GPU(Success)) {                                          \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, \
-                   GPU(GetErrorString)(err_));                           \
-      std::exit(1);                                                      \
-    }                                                                    \
-  } while (0)
-
 // The batch copied to the device, with outputs and the workspace; freed on scope exit.
 struct DeviceBatch {
   DecodeArgs args;  // the host batch's shape, device pointers
   void* workspace = nullptr;
   std::size_t workspace_size = 0;
   std::size_t out_elems = 0, lse_elems = 0;
-  std::vector<void*> owned;
-
-  void* alloc(std::size_t bytes) {
-    void* p = nullptr;
-    GPU_CHECK(GPU(Malloc)(&p, bytes));
-    owned.push_back(p);
-    return p;
-  }
-  template <class T>
-  T* upload(const std::vector<T>& v) {
-    void* p = alloc(v.size() * sizeof(T));
-    GPU_CHECK(GPU(Memcpy)(p, v.data(), v.size() * sizeof(T), GPU(MemcpyHostToDevice)));
-    return static_cast<T*>(p);
-  }
+  example::DeviceMemory mem;  // every buffer below, freed with the batch
 
   explicit DeviceBatch(const HostBatch& h) : args(h.shape) {
-    args.q = upload(h.q);
-    args.kv = upload(h.kv);
-    args.kv_indptr = upload(h.kv_indptr);
-    args.kv_indices = upload(h.kv_indices);
-    args.kv_len = upload(h.kv_len);
+    args.q = mem.upload(h.q);
+    args.kv = mem.upload(h.kv);
+    args.kv_indptr = mem.upload(h.kv_indptr);
+    args.kv_indices = mem.upload(h.kv_indices);
+    args.kv_len = mem.upload(h.kv_len);
     lse_elems = std::size_t(args.batch) * kQLen * kHeads;
     out_elems = lse_elems * kHeadDimV;
-    args.out = alloc(out_elems * sizeof(std::uint16_t));
-    args.lse = static_cast<float*>(alloc(lse_elems * sizeof(float)));
+    args.out = mem.alloc(out_elems * sizeof(std::uint16_t));
+    args.lse = static_cast<float*>(mem.alloc(lse_elems * sizeof(float)));
     // Two-phase workspace: ask the size for this batch and device, allocate once. It does
     // not depend on kv_len values, so a serving engine sizes it for its largest batch.
     DeviceInfo dev;
@@ -156,13 +116,8 @@ struct DeviceBatch {
       std::exit(1);
     }
     workspace_size = workspace_bytes(args, dev);
-    workspace = alloc(workspace_size);
+    workspace = mem.alloc(workspace_size);
   }
-  ~DeviceBatch() {
-    for (void* p : owned) (void)GPU(Free)(p);
-  }
-  DeviceBatch(const DeviceBatch&) = delete;
-  DeviceBatch& operator=(const DeviceBatch&) = delete;
 
   // decode() returns a Status instead of aborting; the example stops on a failure.
   void decode_or_exit(GPU(Stream_t) stream) const {
@@ -249,7 +204,7 @@ int main() {
       "page size 1 (CSR), %d requests, %d KV tokens\n",
       kHeads, kQLen, h.shape.batch, h.kv_indptr.back());
 
-  const bool gpu = gpu_present();
+  const bool gpu = example::gpu_present();
   if (!gpu)
     std::puts(kHaveGpuBackend
                   ? "no GPU: none was found at run time; running the host reference only"

@@ -21,24 +21,12 @@ MLAKIT_HOST_DEVICE constexpr int visible_keys(int kv_len, int q_len, int t, bool
   return n < 0 ? 0 : (n > kv_len ? kv_len : n);
 }
 
-// Keys visible to any row of a row tile whose last row belongs to query token t_last: the
-// tile's KV range ends there, and only its final KV tiles need a per-row mask.
-MLAKIT_HOST_DEVICE constexpr int tile_visible_keys(int kv_len, int q_len, int t_last, bool causal) {
-  return visible_keys(kv_len, q_len, t_last, causal);
-}
-
 // IEEE -inf without <cmath> (usable in device code and constexpr contexts).
 MLAKIT_HOST_DEVICE constexpr float neg_inf() { return -__builtin_huge_valf(); }
 
-// Running state of one row's online softmax, in base-2 units: m is the running max of
-// s * log2(e) * scale, l the running sum of exp2(x - m). The output accumulator is rescaled by
-// `rescale` whenever m grows.
-struct SoftmaxRowState {
-  float m = neg_inf();
-  float l = 0.0f;
-};
-
-// Natural-log LSE of a finished row from its base-2 state; -inf when the row saw no key.
+// Natural-log LSE of a finished row of the online softmax, whose state is kept in base 2:
+// m is the running max of S * scale * log2(e), l the running sum of exp2(x - m); -inf when
+// the row saw no key.
 MLAKIT_HOST_DEVICE inline float lse_from_state(float m, float l) {
   if (!(l > 0.0f)) return neg_inf();
   return (m + __builtin_log2f(l)) * kLn2;
