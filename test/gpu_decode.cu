@@ -33,13 +33,13 @@ double lse_tolerance(const Case& c) {
 
 int g_cases = 0;
 
-void check_case(const Case& c) {
+void check_case(const Case& c, const Launcher& launch = nullptr) {
   INFO(c.name());
   TestProblem P;
   build(P, c);
   REQUIRE(P.ok);
   DeviceBuffer ws(workspace_for(P.dev));
-  Outcome o = run_device(P, ws);
+  Outcome o = run_device(P, ws, nullptr, launch);
   INFO(o.status.message());
   REQUIRE(o.status.is_ok());
   const auto ref = run_reference(P);
@@ -59,6 +59,38 @@ TEST_CASE("crash shape: bf16 Q, fp8 KV, 16 heads, q_len 8, causal, page 1 CSR", 
   peaky.q_magnitude = 8.0f;  // sharp softmax
   peaky.seed = 2;
   check_case(peaky);
+}
+
+// e4m3fn KV is read raw by the matrix atom with Q in f16 times a power of two per row; rows
+// of bf16 Q far outside the f16 range (2^+-40 around ordinary rows) must come out exact.
+TEST_CASE("bf16 Q rows over a wide exponent range with fp8 KV", "[gpu]") {
+  MLAKIT_REQUIRE_GPU();
+  for (int q_len : {1, 8}) {
+    Case c = crash_shape();
+    c.q_len = q_len;
+    c.q_row_octaves = 40;
+    c.lse_relative = true;
+    c.seed = 40 + q_len;
+    check_case(c);
+    c.heads = 12;  // dynamic instantiation
+    c.q_row_octaves = 60;
+    c.kv_lens = {1, 300, 5000};
+    check_case(c);
+  }
+}
+
+// The converting instantiation (kv_any_t) still serves e4m3fn KV when a user names it.
+TEST_CASE("kv_any_t instantiation with e4m3fn KV", "[gpu]") {
+  MLAKIT_REQUIRE_GPU();
+  for (int q_len : {1, 3, 8}) {
+    Case c = crash_shape();
+    c.q_len = q_len;
+    c.heads = 16;
+    c.seed = 70 + q_len;
+    check_case(c, [](const DecodeArgs& a, void* ws, std::size_t bytes, Stream s) {
+      return Decode<Problem<bf16_t, kv_any_t>>::launch(a, ws, bytes, s);
+    });
+  }
 }
 
 TEST_CASE("every head count with the crash shape", "[gpu]") {

@@ -1,7 +1,7 @@
 #pragma once
 // The run-time path: decode() validates, picks an instantiation from a small table and
 // launches it. Default table per target: Q type (2) x {KV = Q type, KV converted} over every
-// row policy, plus fixed-shape specialisations of the speculative-decoding hot shapes
+// row policy (NVIDIA adds e4m3fn KV read raw by the matrix atom), plus fixed-shape specialisations of the speculative-decoding hot shapes
 // (16 heads, q_len 1/2/4/8, causal, bf16 Q with fp8 e4m3fn or bf16 KV).
 #include "decode.hpp"
 
@@ -42,10 +42,18 @@ inline Status dispatch(const DecodeArgs& a, const DeviceInfo& dev, void* ws, std
   if (a.q_type == DType::bf16) {
     if (a.kv_type == DType::bf16)
       return Decode<Problem<bf16_t, bf16_t>>::launch_with(a, dev, ws, bytes, stream);
+#if defined(MLAKIT_PLATFORM_CUDA)
+    if (a.kv_type == DType::fp8_e4m3fn)
+      return Decode<Problem<bf16_t, fp8_e4m3fn_t>>::launch_with(a, dev, ws, bytes, stream);
+#endif
     return Decode<Problem<bf16_t, kv_any_t>>::launch_with(a, dev, ws, bytes, stream);
   }
   if (a.kv_type == DType::fp16)
     return Decode<Problem<fp16_t, fp16_t>>::launch_with(a, dev, ws, bytes, stream);
+#if defined(MLAKIT_PLATFORM_CUDA)
+  if (a.kv_type == DType::fp8_e4m3fn)
+    return Decode<Problem<fp16_t, fp8_e4m3fn_t>>::launch_with(a, dev, ws, bytes, stream);
+#endif
   return Decode<Problem<fp16_t, kv_any_t>>::launch_with(a, dev, ws, bytes, stream);
 }
 

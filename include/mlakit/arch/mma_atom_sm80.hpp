@@ -6,6 +6,10 @@
 #include "../core/numeric.hpp"
 #include "../platform/platform.hpp"
 
+#if defined(MLAKIT_PLATFORM_CUDA)
+#include <cuda_fp16.h>
+#endif
+
 namespace mlakit::arch {
 
 #if defined(MLAKIT_PLATFORM_CUDA)
@@ -83,6 +87,71 @@ struct MmaAtomSm80 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(b[0].r[0]), "=r"(b[0].r[1]), "=r"(b[1].r[0]), "=r"(b[1].r[1])
                  : "r"(smem_addr(p)));
+  }
+
+  // ---- e4m3fn KV read raw (one byte per element) and widened to f16 in registers. ----
+  // Used with T = fp16_t only. A 16-byte chunk of raw KV holds 16 consecutive dims of one
+  // token; ldmatrix (b16) moves byte pairs, and each pair is widened by one conversion.
+
+  // Two e4m3fn bytes (low byte = first value) -> f16x2. sm_89+: the hardware converter (exact
+  // for every code, NaN stays NaN). sm_80: exponent re-bias by bit moves and one f16x2
+  // multiply by 2^8 (exact for every finite code; NaN codes become +-480).
+  __device__ static std::uint32_t e4m3x2_to_f16x2(std::uint32_t two) {
+    std::uint32_t h;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h) : "h"(static_cast<std::uint16_t>(two)));
+#else
+    const std::uint32_t u = __byte_perm(two, 0u, 0x1404);  // x0 << 8 | x1 << 24
+    const std::uint32_t bits = (u & 0x80008000u) | ((u >> 1) & 0x3F803F80u);
+    const __half2 x = __hmul2(*reinterpret_cast<const __half2*>(&bits), __float2half2_rn(256.0f));
+    h = *reinterpret_cast<const std::uint32_t*>(&x);
+#endif
+    return h;
+  }
+
+  // K as B of S = Q K^T: n-tile [n0, n0+8) (tokens) for the four k16 steps of raw chunks
+  // chunk0..chunk0+3 (64 dims). Lane (g, t) receives token n0+g, dims 4t..4t+3 of each chunk,
+  // so k step j uses the dim order {4t, 4t+1 | 4t+2, 4t+3} for k = {2t, 2t+1 | 2t+8, 2t+9}:
+  // A operands multiplied with these fragments must store each 16-dim block permuted the same
+  // way (see permute16).
+  template <class RawLayout>
+  __device__ static void load_b_nk_e4m3(FragB (&b)[4], const unsigned char* tile, int n0,
+                                        int chunk0, int lane) {
+    const unsigned char* p = tile + RawLayout::chunk_offset(n0 + (lane & 7), chunk0 + (lane >> 3));
+    std::uint32_t r[4];
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      b[j].r[0] = e4m3x2_to_f16x2(r[j] & 0xFFFFu);
+      b[j].r[1] = e4m3x2_to_f16x2(r[j] >> 16);
+    }
+  }
+
+  // V as B of O += P V: k step [k0, k0+16) (tokens) for the 32 V columns of raw chunks
+  // chunk0 and chunk0+1, transposed by ldmatrix at byte-pair granularity. Lane (g, t) holds
+  // tokens 2t, 2t+1 (+8) of columns 2g and 2g+1; the bytes are regrouped by column, so
+  // fragment 2c + e is the n-tile of columns 16 (chunk0 + c) + 2n + e, n = 0..7 (e = 0, 1).
+  template <class RawLayout>
+  __device__ static void load_b_kn_e4m3(FragB (&b)[4], const unsigned char* tile, int k0,
+                                        int chunk0, int lane) {
+    const unsigned char* p =
+        tile + RawLayout::chunk_offset(k0 + (lane & 7) + 8 * ((lane >> 3) & 1), chunk0 + (lane >> 4));
+    std::uint32_t r[4];
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // h: tokens +0 / +8
+        // bytes (tok 2t: col 2g, 2g+1 | tok 2t+1: col 2g, 2g+1) -> (2t,2t+1 of col 2g | of 2g+1)
+        const std::uint32_t w = __byte_perm(r[2 * c + h], 0u, 0x3120);
+        b[2 * c].r[h] = e4m3x2_to_f16x2(w & 0xFFFFu);
+        b[2 * c + 1].r[h] = e4m3x2_to_f16x2(w >> 16);
+      }
+    }
   }
 
   __device__ static void mma(Acc& c, const FragA& a, const FragB& b) {

@@ -13,6 +13,7 @@
 // The mainloop names no instruction: the matrix atom (arch/mma_atom.hpp) and the copy atom
 // (arch/copy_atom.hpp) are the only vendor-specific parts.
 #include <cstdint>
+#include <type_traits>
 
 #include "../arch/convert.hpp"
 #include "../arch/copy_atom.hpp"
@@ -32,12 +33,22 @@ namespace mlakit::detail {
 template <class ProblemT, int PolicyIndex>
 struct DecodeTraits {
   using Problem = ProblemT;
-  using T = typename Problem::q_type;
+  using Tq = typename Problem::q_type;  // Q and output type
+  // e4m3fn KV (NVIDIA): tiles stay raw in shared memory and the matrix atom widens them to
+  // f16 in registers right before the mma; the compute type is f16 and Q is stored in f16
+  // with a power-of-two scale per row (exact for bf16 Q: 8 significant bits fit in 11).
+#if defined(MLAKIT_PLATFORM_CUDA)
+  static constexpr bool kFp8Operands =
+      Problem::kv_is_fixed && std::is_same_v<typename Problem::kv_type, fp8_e4m3fn_t>;
+#else
+  static constexpr bool kFp8Operands = false;
+#endif
+  using T = std::conditional_t<kFp8Operands, fp16_t, Tq>;  // compute type of the matrix atom
   using Atom = arch::MmaAtom<T>;
   using Copy = arch::DefaultCopyAtom;
   static constexpr arch::TilePolicy kPolicy = arch::kPolicies[PolicyIndex];
   static constexpr int kRows = kPolicy.rows;
-  static constexpr int kKvTile = kPolicy.kv_tile;
+  static constexpr int kKvTile = kFp8Operands ? kPolicy.fp8_kv_tile : kPolicy.kv_tile;
   static constexpr int kThreads = kPolicy.threads;
   static constexpr int kWarps = kThreads / Atom::kWarpSize;
   static constexpr int kRowGroups = kRows / Atom::kM;
@@ -50,27 +61,35 @@ struct DecodeTraits {
   static_assert(kNTilesS >= 1 && kKeysPerWarp % Atom::kN == 0, "keys per warp");
   static_assert(kNTilesO % 2 == 0, "V columns are loaded two n-tiles at a time");
   static_assert(kKvTile % 16 == 0 && kThreads % kKvTile == 0, "copy layout");
+  static_assert(!kFp8Operands || kNTilesO % 4 == 0, "e4m3 V is loaded four n-tiles at a time");
 
   static constexpr bool kDirect = Problem::kDirectKv;
   // AMD: KV converts on its way through registers (no raw staging in LDS).
   static constexpr bool kRegisterPath = !Copy::kAsync;
-  static constexpr int kStages = (kDirect || kRegisterPath) ? kPolicy.stages : 1;
-  static constexpr int kRawBytes = (kDirect || kRegisterPath) ? 0 : kPolicy.raw_bytes;
+  // Stages of KV tiles the mainloop pipelines (raw bytes in the e4m3 operand mode).
+  static constexpr int kStages = kFp8Operands                    ? kPolicy.fp8_stages
+                                 : (kDirect || kRegisterPath) ? kPolicy.stages
+                                                              : 1;
+  static constexpr int kRawBytes =
+      (kFp8Operands || kDirect || kRegisterPath) ? 0 : kPolicy.raw_bytes;
 
   using QLayout = SwizzledRows<kHeadDimQK>;
   using KvLayout = SwizzledRows<kHeadDimQK>;
+  using RawLayout = SwizzledByteRows<kHeadDimQK>;
   using PLayout = SwizzledRows<kKvTile>;
 
   static constexpr int kTileElems = kKvTile * kHeadDimQK;
   static constexpr int kQBytes = kRows * kHeadDimQK * 2;
-  static constexpr int kKvBytes = kStages * kTileElems * 2;
+  static constexpr int kKvBytes = kStages * kTileElems * (kFp8Operands ? 1 : 2);
   static constexpr int kPBytes = kRows * kKvTile * 2;
   static constexpr int kRedBytes = 2 * kColGroups * kRows * 4;
+  static constexpr int kScaleBytes = kFp8Operands ? kRows * 4 : 0;
   static constexpr int kOffKv = kQBytes;
   static constexpr int kOffRaw = kOffKv + kKvBytes;
   static constexpr int kOffP = kOffRaw + kRawBytes;
   static constexpr int kOffRed = kOffP + kPBytes;
-  static constexpr int kSmemBytes = kOffRed + kRedBytes;
+  static constexpr int kOffScale = kOffRed + kRedBytes;
+  static constexpr int kSmemBytes = kOffScale + kScaleBytes;
 
   __device__ static int heads(const DecodeArgs& a) {
     return Problem::kHeads > 0 ? Problem::kHeads : a.num_heads;
@@ -105,6 +124,7 @@ __device__ __forceinline__ void store_converted(DType kv, const uint4& raw, type
 template <class Tr>
 struct DecodeMainloop {
   using T = typename Tr::T;
+  using Tq = typename Tr::Tq;
   using Atom = typename Tr::Atom;
   using Copy = typename Tr::Copy;
   static constexpr int kThreadsPerToken = Tr::kThreads / Tr::kKvTile;
@@ -121,6 +141,11 @@ struct DecodeMainloop {
     return reinterpret_cast<T*>(smem + Tr::kOffKv) + stage * Tr::kTileElems;
   }
   __device__ unsigned char* sRaw() const { return smem + Tr::kOffRaw; }
+  // e4m3 operand mode: raw KV stage `stage`, and the per-row factor undoing Q's scaling.
+  __device__ unsigned char* sKvRaw(int stage) const {
+    return smem + Tr::kOffKv + stage * Tr::kTileElems;
+  }
+  __device__ float* sQScale() const { return reinterpret_cast<float*>(smem + Tr::kOffScale); }
   __device__ T* sP() const { return reinterpret_cast<T*>(smem + Tr::kOffP); }
   __device__ float* sMax() const { return reinterpret_cast<float*>(smem + Tr::kOffRed); }
   __device__ float* sSum() const { return sMax() + Tr::kColGroups * Tr::kRows; }
@@ -137,7 +162,73 @@ struct DecodeMainloop {
            (page * a.kv_stride_page + std::int64_t(in_page) * a.kv_stride_token) * kv_bytes;
   }
 
+  // e4m3 operand mode: Q rows -> f16 times 2^e (e per row puts the row's largest |q| in
+  // [2^14, 2^15)), each 16-dim block permuted for MmaAtom::load_b_nk_e4m3: physical chunk 0
+  // holds dims {0,1,4,5,8,9,12,13}, chunk 1 dims {2,3,6,7,10,11,14,15}. sQScale = 2^-e.
+  __device__ void load_q_scaled() const {
+    const DecodeArgs& a = p.a;
+    constexpr int kTpr = Tr::kThreads / Tr::kRows;  // threads per row (4 or 8, one warp)
+    static_assert(kTpr >= 1 && 32 % kTpr == 0, "Q rows are split over lanes of one warp");
+    constexpr int kBlocks = kHeadDimQK / 16;
+    const int r = threadIdx.x / kTpr, sub = threadIdx.x % kTpr;
+    const int row = row0 + r;
+    const bool valid = row < rows;
+    const Tq* src = static_cast<const Tq*>(a.q);
+    if (valid) {
+      const int t = row / heads, h = row - t * heads;
+      src += b * a.q_stride_batch + t * a.q_stride_token + h * a.q_stride_head;
+    }
+    auto load16 = [&](int blk, float (&v)[16]) {
+      uint4 w[2] = {uint4{0, 0, 0, 0}, uint4{0, 0, 0, 0}};
+      if (valid) {
+        w[0] = *reinterpret_cast<const uint4*>(src + blk * 16);
+        w[1] = *reinterpret_cast<const uint4*>(src + blk * 16 + 8);
+      }
+      const std::uint32_t u[8] = {w[0].x, w[0].y, w[0].z, w[0].w, w[1].x, w[1].y, w[1].z, w[1].w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        v[2 * i] = to_float(Tq{std::uint16_t(u[i] & 0xFFFFu)});
+        v[2 * i + 1] = to_float(Tq{std::uint16_t(u[i] >> 16)});
+      }
+    };
+    float scale = 1.0f;
+    if constexpr (std::is_same_v<Tq, bf16_t>) {
+      float mx = 0.0f;
+      for (int blk = sub; blk < kBlocks; blk += kTpr) {
+        float v[16];
+        load16(blk, v);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) mx = fmaxf(mx, fabsf(v[i]));
+      }
+#pragma unroll
+      for (int o = 1; o < kTpr; o <<= 1) mx = fmaxf(mx, shfl_xor(mx, o));
+      if (mx > 0.0f && mx <= 3.0e38f) {
+        int ex;
+        frexpf(mx, &ex);  // mx in [2^(ex-1), 2^ex)
+        int e = 15 - ex;
+        e = e < -120 ? -120 : (e > 120 ? 120 : e);
+        scale = bits_to_float(std::uint32_t(127 + e) << 23);
+      }
+    }
+    if (sub == 0) sQScale()[r] = 1.0f / scale;
+    for (int blk = sub; blk < kBlocks; blk += kTpr) {
+      float v[16];
+      load16(blk, v);
+      std::uint32_t w[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) w[i] = arch::pack2<fp16_t>(v[2 * i] * scale, v[2 * i + 1] * scale);
+      *reinterpret_cast<uint4*>(sQ() + Tr::QLayout::chunk_offset(r, 2 * blk)) =
+          uint4{w[0], w[2], w[4], w[6]};
+      *reinterpret_cast<uint4*>(sQ() + Tr::QLayout::chunk_offset(r, 2 * blk + 1)) =
+          uint4{w[1], w[3], w[5], w[7]};
+    }
+  }
+
   __device__ void load_q() const {
+    if constexpr (Tr::kFp8Operands) {
+      load_q_scaled();
+      return;
+    }
     const DecodeArgs& a = p.a;
     constexpr int kChunks = kHeadDimQK / 8;
     for (int c = threadIdx.x; c < Tr::kRows * kChunks; c += Tr::kThreads) {
@@ -162,7 +253,11 @@ struct DecodeMainloop {
     const bool valid = j < kv_end;
     const unsigned char* src = valid ? kv_row(j) : static_cast<const unsigned char*>(p.a.kv);
     const int row_chunks = kHeadDimQK * kv_bytes / 16;
-    if constexpr (Tr::kDirect) {
+    if constexpr (Tr::kFp8Operands) {
+      unsigned char* dst = sKvRaw(stage);
+      for (int ch = sub; ch < row_chunks; ch += kThreadsPerToken)
+        Copy::copy16(dst + Tr::RawLayout::chunk_offset(tok, ch), src + ch * 16, valid);
+    } else if constexpr (Tr::kDirect) {
       T* dst = sKv(stage);
       for (int ch = sub; ch < row_chunks; ch += kThreadsPerToken)
         Copy::copy16(dst + Tr::KvLayout::chunk_offset(tok, ch), src + ch * 16, valid);
@@ -226,12 +321,13 @@ struct DecodeMainloop {
       load_q();
       const int raw_stages =
           Tr::kRawBytes > 0 ? Tr::kRawBytes / (Tr::kKvTile * kHeadDimQK * kv_bytes) : 0;
-      if constexpr (Tr::kDirect || Tr::kRegisterPath) {
-        if constexpr (Tr::kStages > 1) {
-          for (int s = 0; s < Tr::kStages - 1; ++s)
-            if (s < n_tiles) load_kv(kv_begin + s * Tr::kKvTile, kv_end, s);
+      if constexpr (Tr::kFp8Operands || Tr::kDirect || Tr::kRegisterPath) {
+        // One copy group per prefetched tile (empty groups past the end keep the count).
+        for (int s = 0; s < Tr::kStages - 1; ++s) {
+          if (s < n_tiles) load_kv(kv_begin + s * Tr::kKvTile, kv_end, s);
+          Copy::commit();
         }
-        Copy::commit();
+        if constexpr (Tr::kStages == 1) Copy::commit();
       } else {
         for (int s = 0; s < raw_stages; ++s) {
           if (s < n_tiles) load_kv(kv_begin + s * Tr::kKvTile, kv_end, s);
@@ -241,21 +337,27 @@ struct DecodeMainloop {
 
       for (int it = 0; it < n_tiles; ++it) {
         const int kt = kv_begin + it * Tr::kKvTile;
-        const T* tile;
-        if constexpr (Tr::kDirect || Tr::kRegisterPath) {
+        const void* tile;
+        if constexpr (Tr::kFp8Operands || Tr::kDirect || Tr::kRegisterPath) {
           if constexpr (Tr::kStages == 1) {
             block_sync();  // everyone is done with the previous tile
             load_kv(kt, kv_end, 0);
             Copy::commit();
+            Copy::template wait<0>();
+          } else {
+            // Groups committed: tiles 0 .. it + Stages - 2; tile `it` must be complete.
+            Copy::template wait<Tr::kStages - 2>();
           }
-          Copy::template wait<0>();
           block_sync();
           if constexpr (Tr::kStages > 1) {
             const int nx = it + Tr::kStages - 1;
             if (nx < n_tiles) load_kv(kv_begin + nx * Tr::kKvTile, kv_end, nx % Tr::kStages);
             Copy::commit();
           }
-          tile = sKv(it % Tr::kStages);
+          if constexpr (Tr::kFp8Operands)
+            tile = sKvRaw(it % Tr::kStages);
+          else
+            tile = sKv(it % Tr::kStages);
         } else {
           // Raw stages: 1 (16-bit KV of the other type) to 3 (fp8, small row tiles).
           if (raw_stages >= 3)
@@ -278,12 +380,14 @@ struct DecodeMainloop {
     epilogue(pc, m_run, l_run, o, rg, cg, lane);
   }
 
-  __device__ void tile_step(const T* tile, int kt, bool need_mask, const int* row_limit,
+  __device__ void tile_step(const void* tile_ptr, int kt, bool need_mask, const int* row_limit,
                             float* m_run, float* l_run, typename Atom::Acc* o, int rg, int cg,
                             int lane) const {
     constexpr int kSlots = Atom::kRowsPerLane;
     const int key0 = cg * Tr::kKeysPerWarp;
     const int r0 = rg * Atom::kM;
+    const T* tile = static_cast<const T*>(tile_ptr);
+    const unsigned char* raw = static_cast<const unsigned char*>(tile_ptr);
 
     // S = Q K^T for this warp's rows and keys. With few n-tiles per warp the mma chain on
     // one accumulator is the critical path, so even and odd k32 steps accumulate separately.
@@ -297,6 +401,28 @@ struct DecodeMainloop {
     for (int n = 0; n < (kChains > 1 ? Tr::kNTilesS : 1); ++n)
 #pragma unroll
       for (int i = 0; i < Atom::kAccPerLane; ++i) s2[n][i] = 0.0f;
+    if constexpr (Tr::kFp8Operands) {
+#pragma unroll 1
+      for (int kc = 0; kc < kHeadDimQK; kc += 4 * Atom::kK) {
+        typename Atom::FragA a[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          Atom::template load_a<typename Tr::QLayout>(a[j], sQ(), r0, kc + j * Atom::kK, lane);
+#pragma unroll
+        for (int n = 0; n < Tr::kNTilesS; ++n) {
+          typename Atom::FragB bk[4];
+          Atom::template load_b_nk_e4m3<typename Tr::RawLayout>(bk, raw, key0 + n * Atom::kN,
+                                                                 kc / 16, lane);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            if constexpr (kChains > 1)
+              Atom::mma((j & 1) ? s2[n] : s[n], a[j], bk[j]);
+            else
+              Atom::mma(s[n], a[j], bk[j]);
+          }
+        }
+      }
+    } else {
 #pragma unroll 2
     for (int kc = 0; kc < kHeadDimQK; kc += 2 * Atom::kK) {
       typename Atom::FragA a0, a1;
@@ -313,6 +439,7 @@ struct DecodeMainloop {
           Atom::mma(s[n], a1, bk[1]);
       }
     }
+    }
     if constexpr (kChains > 1) {
 #pragma unroll
       for (int n = 0; n < Tr::kNTilesS; ++n)
@@ -321,14 +448,18 @@ struct DecodeMainloop {
     }
 
     // Scale into base-2 units, mask, and the row max of this warp's keys.
-    float mt[kSlots];
+    float mt[kSlots], sc[kSlots];
 #pragma unroll
-    for (int sl = 0; sl < kSlots; ++sl) mt[sl] = neg_inf();
+    for (int sl = 0; sl < kSlots; ++sl) {
+      mt[sl] = neg_inf();
+      sc[sl] = p.scale_log2;
+      if constexpr (Tr::kFp8Operands) sc[sl] *= sQScale()[r0 + Atom::slot_row(sl, lane)];
+    }
 #pragma unroll
     for (int n = 0; n < Tr::kNTilesS; ++n)
 #pragma unroll
       for (int i = 0; i < Atom::kAccPerLane; ++i) {
-        float x = s[n][i] * p.scale_log2;
+        float x = s[n][i] * sc[Atom::row_slot(i)];
         if (need_mask) {
           const int key = kt + key0 + n * Atom::kN + Atom::acc_col(i, lane);
           if (key >= row_limit[Atom::row_slot(i)]) x = neg_inf();
@@ -392,16 +523,34 @@ struct DecodeMainloop {
 
     // O += P V over this warp's V columns (V = the first 512 columns of the KV tile).
     const int vcol0 = cg * Tr::kVColsPerWarp;
+    if constexpr (Tr::kFp8Operands) {
+      // o[2c + e] is the n-tile of columns vcol0 + 16c + 2n + e (see load_b_kn_e4m3).
 #pragma unroll
-    for (int kk = 0; kk < Tr::kKvTile; kk += Atom::kK) {
-      typename Atom::FragA pa;
-      Atom::template load_a<typename Tr::PLayout>(pa, sp, r0, kk, lane);
+      for (int kk = 0; kk < Tr::kKvTile; kk += Atom::kK) {
+        typename Atom::FragA pa;
+        Atom::template load_a<typename Tr::PLayout>(pa, sp, r0, kk, lane);
 #pragma unroll
-      for (int n = 0; n < Tr::kNTilesO; n += 2) {
-        typename Atom::FragB vb[2];
-        Atom::template load_b_kn<typename Tr::KvLayout>(vb, tile, kk, vcol0 + n * Atom::kN, lane);
-        Atom::mma(o[n], pa, vb[0]);
-        Atom::mma(o[n + 1], pa, vb[1]);
+        for (int n = 0; n < Tr::kNTilesO; n += 4) {
+          typename Atom::FragB vb[4];
+          Atom::template load_b_kn_e4m3<typename Tr::RawLayout>(vb, raw, kk, (vcol0 + 8 * n) / 16,
+                                                                 lane);
+#pragma unroll
+          for (int q = 0; q < 4; ++q) Atom::mma(o[n + q], pa, vb[q]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < Tr::kKvTile; kk += Atom::kK) {
+        typename Atom::FragA pa;
+        Atom::template load_a<typename Tr::PLayout>(pa, sp, r0, kk, lane);
+#pragma unroll
+        for (int n = 0; n < Tr::kNTilesO; n += 2) {
+          typename Atom::FragB vb[2];
+          Atom::template load_b_kn<typename Tr::KvLayout>(vb, tile, kk, vcol0 + n * Atom::kN,
+                                                          lane);
+          Atom::mma(o[n], pa, vb[0]);
+          Atom::mma(o[n + 1], pa, vb[1]);
+        }
       }
     }
   }
@@ -429,6 +578,31 @@ struct DecodeMainloop {
     }
     const bool split = pc.partial_slot >= 0;
     const int vcol0 = cg * Tr::kVColsPerWarp;
+    if constexpr (Tr::kFp8Operands) {
+      // Lane (g, t) holds columns 16c + 4t .. +3 of rows g and g + 8 in n-tiles 2c, 2c + 1.
+#pragma unroll
+      for (int c = 0; c < Tr::kNTilesO / 2; ++c) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = row0 + r0 + (lane >> 2) + 8 * h;
+          if (row >= rows) continue;
+          const int col = vcol0 + 16 * c + 4 * (lane & 3);
+          const float f = inv[h];
+          const float v0 = o[2 * c][2 * h] * f, v1 = o[2 * c + 1][2 * h] * f;
+          const float v2 = o[2 * c][2 * h + 1] * f, v3 = o[2 * c + 1][2 * h + 1] * f;
+          if (split) {
+            float* dst = p.ws.partial_o +
+                         (std::int64_t(pc.partial_slot) * p.ws.rows_padded + row) * kHeadDimV + col;
+            *reinterpret_cast<float4*>(dst) = make_float4(v0, v1, v2, v3);
+          } else {
+            const int t = row / heads, hd = row - t * heads;
+            Tq* dst = static_cast<Tq*>(a.out) + b * a.o_stride_batch + t * a.o_stride_token +
+                      hd * a.o_stride_head + col;
+            *reinterpret_cast<uint2*>(dst) = make_uint2(arch::pack2<Tq>(v0, v1), arch::pack2<Tq>(v2, v3));
+          }
+        }
+      }
+    } else {
 #pragma unroll
     for (int n = 0; n < Tr::kNTilesO; ++n) {
 #pragma unroll
@@ -446,15 +620,16 @@ struct DecodeMainloop {
             *dst = v0;
         } else {
           const int t = row / heads, h = row - t * heads;
-          T* dst = static_cast<T*>(a.out) + b * a.o_stride_batch + t * a.o_stride_token +
-                   h * a.o_stride_head + col;
+          Tq* dst = static_cast<Tq*>(a.out) + b * a.o_stride_batch + t * a.o_stride_token +
+                    h * a.o_stride_head + col;
           if constexpr (Atom::kAccPairStride == 2)
             *reinterpret_cast<std::uint32_t*>(dst) =
-                arch::pack2<T>(v0, o[n][i + 1] * inv[Atom::row_slot(i)]);
+                arch::pack2<Tq>(v0, o[n][i + 1] * inv[Atom::row_slot(i)]);
           else
-            *dst = from_float<T>(v0);
+            *dst = from_float<Tq>(v0);
         }
       }
+    }
     }
     // LSE: one writer per row (column group 0, the lane holding column 0 of the row).
     if (cg == 0) {

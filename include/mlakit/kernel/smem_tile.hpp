@@ -25,4 +25,22 @@ struct SwizzledRows {
   }
 };
 
+// Rows of raw one-byte KV (576 bytes = 36 chunks of 16 bytes per token). A 576-byte row
+// stride puts rows r and r+2 on the same bank group, so chunk c of row r is stored at
+// c ^ ((r >> 1) & 3): the eight rows of one ldmatrix (row0 a multiple of 8) then cover all
+// eight bank groups, and so do the cp.async stores of two rows x four chunks.
+template <int RowBytes>
+struct SwizzledByteRows {
+  static_assert(RowBytes % 64 == 0, "rows are whole groups of four 16-byte chunks");
+  MLAKIT_HOST_DEVICE static constexpr int chunk_offset(int row, int chunk) {
+    return row * RowBytes + ((chunk ^ ((row >> 1) & 3)) << 4);
+  }
+};
+
+// Position of dim d (0..15) of a 16-dim block when the block is stored for e4m3 K fragments
+// (MmaAtomSm80::load_b_nk_e4m3): physical 2t+i <- dim 4t+i, physical 8+2t+i <- dim 4t+2+i.
+MLAKIT_HOST_DEVICE constexpr int permute16(int d) {
+  return (d & 2) ? 8 + ((d >> 2) << 1) + (d & 1) : ((d >> 2) << 1) + (d & 1);
+}
+
 }  // namespace mlakit::detail
