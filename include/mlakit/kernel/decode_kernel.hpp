@@ -22,6 +22,7 @@
 #include "../core/attention_math.hpp"
 #include "../core/plan.hpp"
 #include "../platform/intrinsics.hpp"
+#include "decode_wgmma.hpp"
 #include "problem.hpp"
 #include "smem_tile.hpp"
 #include "workspace.hpp"
@@ -83,13 +84,25 @@ struct DecodeTraits {
   static constexpr int kKvBytes = kStages * kTileElems * (kFp8Operands ? 1 : 2);
   static constexpr int kPBytes = kRows * kKvTile * 2;
   static constexpr int kRedBytes = 2 * kColGroups * kRows * 4;
-  static constexpr int kScaleBytes = kFp8Operands ? kRows * 4 : 0;
+  static constexpr int kScaleBytes = kFp8Operands ? kRows * 4 : 0;  // Q row scales
   static constexpr int kOffKv = kQBytes;
   static constexpr int kOffRaw = kOffKv + kKvBytes;
   static constexpr int kOffP = kOffRaw + kRawBytes;
   static constexpr int kOffRed = kOffP + kPBytes;
-  static constexpr int kOffScale = kOffRed + kRedBytes;
-  static constexpr int kSmemBytes = kOffScale + kScaleBytes;
+  static constexpr int kSyncSmemBytes = kOffRed + kRedBytes + kScaleBytes;  // mma.sync layout
+
+  // Hopper (sm_90a device code): the 64-row policy runs the warpgroup mainloop
+  // (decode_wgmma.hpp) with Q and two KV stages in 128-byte-swizzled f16/bf16 tiles.
+#if defined(MLAKIT_PLATFORM_CUDA)
+  static constexpr bool kUseWgmma = kRows == 64 && kThreads == 256;
+#else
+  static constexpr bool kUseWgmma = false;
+#endif
+  static constexpr int kWgTileBytes = kHeadDimQK * 64 * 2;  // 9 chunks of 64 rows x 128 B
+  static constexpr int kWgSmemBytes = 3 * kWgTileBytes + kScaleBytes;
+  // One launch size serves both device paths (the binary may hold sm_80 and sm_90a code).
+  static constexpr int kSmemBytes =
+      kUseWgmma && kWgSmemBytes > kSyncSmemBytes ? kWgSmemBytes : kSyncSmemBytes;
 
   __device__ static int heads(const DecodeArgs& a) {
     return Problem::kHeads > 0 ? Problem::kHeads : a.num_heads;
@@ -145,7 +158,10 @@ struct DecodeMainloop {
   __device__ unsigned char* sKvRaw(int stage) const {
     return smem + Tr::kOffKv + stage * Tr::kTileElems;
   }
-  __device__ float* sQScale() const { return reinterpret_cast<float*>(smem + Tr::kOffScale); }
+  // Both mainloops keep the scales at the end of the shared-memory block.
+  __device__ float& sQScale(int r) const {
+    return reinterpret_cast<float*>(smem + Tr::kSmemBytes - Tr::kScaleBytes)[r];
+  }
   __device__ T* sP() const { return reinterpret_cast<T*>(smem + Tr::kOffP); }
   __device__ float* sMax() const { return reinterpret_cast<float*>(smem + Tr::kOffRed); }
   __device__ float* sSum() const { return sMax() + Tr::kColGroups * Tr::kRows; }
@@ -163,9 +179,10 @@ struct DecodeMainloop {
   }
 
   // e4m3 operand mode: Q rows -> f16 times 2^e (e per row puts the row's largest |q| in
-  // [2^14, 2^15)), each 16-dim block permuted for MmaAtom::load_b_nk_e4m3: physical chunk 0
-  // holds dims {0,1,4,5,8,9,12,13}, chunk 1 dims {2,3,6,7,10,11,14,15}. sQScale = 2^-e.
-  __device__ void load_q_scaled() const {
+  // [2^14, 2^15)); store(row, block, w) receives each 16-dim block as 8 f16 pairs in dim
+  // order, and the row's 2^-e goes to sQScale.
+  template <class Store>
+  __device__ void load_q_scaled(Store store) const {
     const DecodeArgs& a = p.a;
     constexpr int kTpr = Tr::kThreads / Tr::kRows;  // threads per row (4 or 8, one warp)
     static_assert(kTpr >= 1 && 32 % kTpr == 0, "Q rows are split over lanes of one warp");
@@ -210,23 +227,27 @@ struct DecodeMainloop {
         scale = bits_to_float(std::uint32_t(127 + e) << 23);
       }
     }
-    if (sub == 0) sQScale()[r] = 1.0f / scale;
+    if (sub == 0) sQScale(r) = 1.0f / scale;
     for (int blk = sub; blk < kBlocks; blk += kTpr) {
       float v[16];
       load16(blk, v);
       std::uint32_t w[8];
 #pragma unroll
       for (int i = 0; i < 8; ++i) w[i] = arch::pack2<fp16_t>(v[2 * i] * scale, v[2 * i + 1] * scale);
-      *reinterpret_cast<uint4*>(sQ() + Tr::QLayout::chunk_offset(r, 2 * blk)) =
-          uint4{w[0], w[2], w[4], w[6]};
-      *reinterpret_cast<uint4*>(sQ() + Tr::QLayout::chunk_offset(r, 2 * blk + 1)) =
-          uint4{w[1], w[3], w[5], w[7]};
+      store(r, blk, w);
     }
   }
 
   __device__ void load_q() const {
     if constexpr (Tr::kFp8Operands) {
-      load_q_scaled();
+      // Each 16-dim block permuted for MmaAtom::load_b_nk_e4m3: physical chunk 0 holds dims
+      // {0,1,4,5,8,9,12,13}, chunk 1 dims {2,3,6,7,10,11,14,15}.
+      load_q_scaled([&](int r, int blk, const std::uint32_t(&w)[8]) {
+        *reinterpret_cast<uint4*>(sQ() + Tr::QLayout::chunk_offset(r, 2 * blk)) =
+            uint4{w[0], w[2], w[4], w[6]};
+        *reinterpret_cast<uint4*>(sQ() + Tr::QLayout::chunk_offset(r, 2 * blk + 1)) =
+            uint4{w[1], w[3], w[5], w[7]};
+      });
       return;
     }
     const DecodeArgs& a = p.a;
@@ -453,7 +474,7 @@ struct DecodeMainloop {
     for (int sl = 0; sl < kSlots; ++sl) {
       mt[sl] = neg_inf();
       sc[sl] = p.scale_log2;
-      if constexpr (Tr::kFp8Operands) sc[sl] *= sQScale()[r0 + Atom::slot_row(sl, lane)];
+      if constexpr (Tr::kFp8Operands) sc[sl] *= sQScale(r0 + Atom::slot_row(sl, lane));
     }
 #pragma unroll
     for (int n = 0; n < Tr::kNTilesS; ++n)
@@ -654,7 +675,7 @@ struct DecodeMainloop {
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kPolicy.ctas_per_sm)
     decode_kernel(const KernelArgs p) {
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(1024) unsigned char smem[];
   const int row_tile = static_cast<int>(blockIdx.x);
   const int cta = static_cast<int>(blockIdx.y);
   const CtaPlan cp = p.ws.ctas[cta];
@@ -677,7 +698,12 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kPolicy.ctas_per_sm)
   for (int b = cp.req_begin; b <= cp.req_end; ++b) {
     ml.b = b;
     const RequestPlan rq = p.ws.requests[b];
-    ml.run(rq, piece_of(p.shape, rq, cta, per_cta));
+#if defined(MLAKIT_WGMMA_ENABLED)
+    if constexpr (Tr::kUseWgmma)
+      WgmmaMainloop<Tr>{ml}.run(rq, piece_of(p.shape, rq, cta, per_cta));
+    else
+#endif
+      ml.run(rq, piece_of(p.shape, rq, cta, per_cta));
     block_sync();  // shared memory is reused by the next piece
   }
 }
