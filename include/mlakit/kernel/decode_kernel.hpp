@@ -99,7 +99,8 @@ struct DecodeTraits {
   static constexpr bool kUseWgmma = false;
 #endif
   static constexpr int kWgTileBytes = kHeadDimQK * 64 * 2;  // 9 chunks of 64 rows x 128 B
-  static constexpr int kWgSmemBytes = 3 * kWgTileBytes + kScaleBytes;
+  // Q, two KV stages, P [64 x 64], row max / sum exchange [2][64], Q row scales.
+  static constexpr int kWgSmemBytes = 3 * kWgTileBytes + 64 * 64 * 2 + 2 * 64 * 4 + kScaleBytes;
   // One launch size serves both device paths (the binary may hold sm_80 and sm_90a code).
   static constexpr int kSmemBytes =
       kUseWgmma && kWgSmemBytes > kSyncSmemBytes ? kWgSmemBytes : kSyncSmemBytes;

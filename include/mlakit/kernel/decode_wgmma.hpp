@@ -55,6 +55,10 @@ struct WgmmaMainloop {
 
   __device__ unsigned char* sQ() const { return m.smem; }
   __device__ unsigned char* sKv(int stage) const { return m.smem + (1 + stage) * kTileBytes; }
+  __device__ unsigned char* sP() const { return m.smem + 3 * kTileBytes; }
+  __device__ float* sRed() const {
+    return reinterpret_cast<float*>(m.smem + 3 * kTileBytes + kChunkBytes);
+  }
 
   // Byte offset of 16-byte unit `unit` (8 values, 0..71) of row `r` in a swizzled tile.
   __device__ static int unit_offset(int r, int unit) {
@@ -157,15 +161,15 @@ struct WgmmaMainloop {
     }
   }
 
-  // Issues S = Q K^T over 576 (36 k16 steps: nine chunks x four 32-byte steps) for the tile
-  // at kv_addr; completes at the next wgmma_wait.
-  __device__ static void issue_s(float (&s)[32], std::uint32_t q_addr, std::uint32_t kv_addr) {
+  // Issues S[:, 32 wg ..] = Q K[32 wg .., :]^T over 576 for the tile at kv_addr.
+  __device__ static void issue_s_half(float (&s)[16], std::uint32_t q_addr, std::uint32_t kv_addr,
+                                      int wg) {
     arch::wgmma_fence();
 #pragma unroll
-    for (int k = 0; k < 36; ++k) {  // the first step overwrites s (scale-d = 0)
+    for (int k = 0; k < 36; ++k) {
       const std::uint32_t off = (k >> 2) * kChunkBytes + (k & 3) * 32;
-      W::mma_ss_n64(s, arch::wgmma_desc(q_addr + off, 16, 1024),
-                    arch::wgmma_desc(kv_addr + off, 16, 1024), k > 0);
+      W::mma_ss_n32(s, arch::wgmma_desc(q_addr + off, 16, 1024),
+                    arch::wgmma_desc(kv_addr + wg * 32 * 128 + off, 16, 1024), k > 0);
     }
     arch::wgmma_commit();
   }
@@ -222,64 +226,80 @@ struct WgmmaMainloop {
       }
       const std::uint32_t q_addr = smem_addr(sQ());
 
-      // S(it) is issued before iteration it; PV(it) overlaps the conversion of tile it + 1,
-      // the barrier and S(it + 1).
-      float s[32];
-      issue_s(s, q_addr, smem_addr(sKv(0)));
+      // Warpgroup wg computes S for keys [32 wg, 32 wg + 32) of the tile; the row max goes
+      // through sRed, P through sP (a K-major 64 x 64 tile), and O[:, 256 wg ..] += P V reads
+      // both from shared memory. S(it) is issued before iteration it.
+      float s[16];
+      const std::uint32_t p_addr = smem_addr(sP());
+      issue_s_half(s, q_addr, smem_addr(sKv(0)), wg);
       for (int it = 0; it < n_tiles; ++it) {
         const int stage = it & 1;
         const int kt = kv_begin + it * 64;
         const bool has_next = it + 1 < n_tiles;
         if (has_next && !direct && fp8) fetch_fp8(kt + 64, kv_end, raw);
-        arch::wgmma_wait<0>();  // S(it) and PV(it - 1): stage ^ 1 is free
-        if (has_next && direct) copy_kv(kt + 64, kv_end, stage ^ 1);
+        arch::wgmma_wait<0>();  // this warpgroup's S(it) and PV(it - 1)
 
-        // Online softmax in base 2. s[i]: row slot (i >> 1) & 1, key 8 (i >> 2) + 2t + (i & 1).
+        // s[i]: row slot (i >> 1) & 1, key 32 wg + 8 (i >> 2) + 2t + (i & 1).
         const bool need_mask = kt + 64 > mask_from;
-        float mt[2] = {neg_inf(), neg_inf()};
+        // Scores go to x[]: s stays defined only by wgmma (no register redefinition while
+        // P V is in flight, which would make ptxas serialise the wgmma pipeline).
+        float mt[2] = {neg_inf(), neg_inf()}, x[16];
 #pragma unroll
-        for (int i = 0; i < 32; ++i) {
+        for (int i = 0; i < 16; ++i) {
           const int h = (i >> 1) & 1;
-          float x = s[i] * sc[h];
+          x[i] = s[i] * sc[h];
           if (need_mask) {
-            const int key = kt + 8 * (i >> 2) + 2 * t + (i & 1);
-            if (key >= row_limit[h]) x = neg_inf();
+            const int key = kt + 32 * wg + 8 * (i >> 2) + 2 * t + (i & 1);
+            if (key >= row_limit[h]) x[i] = neg_inf();
           }
-          s[i] = x;
-          mt[h] = fmaxf(mt[h], x);
+          mt[h] = fmaxf(mt[h], x[i]);
         }
-        float m_use[2], alpha[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           mt[h] = fmaxf(mt[h], shfl_xor(mt[h], 1));
           mt[h] = fmaxf(mt[h], shfl_xor(mt[h], 2));
-          const float m_new = fmaxf(m_run[h], mt[h]);
+          if (t == 0) sRed()[wg * 64 + 16 * wi + g + 8 * h] = mt[h];
+        }
+        // Both warpgroups are past their PV(it - 1): stage ^ 1 and sP may be rewritten.
+        block_sync();
+        if (has_next && direct) copy_kv(kt + 64, kv_end, stage ^ 1);
+        float m_use[2], alpha[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float other = sRed()[(wg ^ 1) * 64 + 16 * wi + g + 8 * h];
+          const float m_new = fmaxf(m_run[h], fmaxf(mt[h], other));
           m_use[h] = m_new == neg_inf() ? 0.0f : m_new;
           alpha[h] = fast_exp2(m_run[h] - m_use[h]);
           m_run[h] = m_new;
         }
         float lsum[2] = {0.0f, 0.0f};
-        std::uint32_t pa[4][4];
+        unsigned char* sp = sP();
 #pragma unroll
-        for (int i = 0; i < 32; i += 2) {
+        for (int i = 0; i < 16; i += 2) {
           const int h = (i >> 1) & 1;
-          const float p0 = fast_exp2(s[i] - m_use[h]), p1 = fast_exp2(s[i + 1] - m_use[h]);
+          const float p0 = fast_exp2(x[i] - m_use[h]), p1 = fast_exp2(x[i + 1] - m_use[h]);
           lsum[h] += p0 + p1;
-          pa[i >> 3][(i >> 1) & 3] = arch::pack2<T>(p0, p1);
+          const int r = 16 * wi + g + 8 * h, k = 32 * wg + 8 * (i >> 2) + 2 * t;
+          *reinterpret_cast<std::uint32_t*>(sp + r * 128 + ((((k >> 3) ^ (r & 7))) << 4) +
+                                            (k & 7) * 2) = arch::pack2<T>(p0, p1);
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + lsum[h];
+        if (!(alpha[0] == 1.0f && alpha[1] == 1.0f)) {
 #pragma unroll
-        for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
+          for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
+        }
+        arch::fence_proxy_async_smem();
+        block_sync();  // sP complete; sRed may be rewritten
 
-        // O[:, 256 wg ..] += P V: four k16 steps of 16 tokens; V is the MN-major view of the
-        // first eight chunks (LBO = next 64 columns, SBO = next 8 tokens).
         const std::uint32_t kv_addr = smem_addr(sKv(stage));
         arch::wgmma_fence();
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-          W::mma_rs_n256_tb(o, pa[j], arch::wgmma_desc(kv_addr + 4 * wg * kChunkBytes + j * 2048,
-                                                       kChunkBytes, 1024));
+          W::mma_ss_n256_tb(o, arch::wgmma_desc(p_addr + j * 32, 16, 1024),
+                            arch::wgmma_desc(kv_addr + 4 * wg * kChunkBytes + j * 2048,
+                                             kChunkBytes, 1024),
+                            true);
         arch::wgmma_commit();
 
         if (has_next) {
@@ -292,7 +312,7 @@ struct WgmmaMainloop {
           arch::fence_proxy_async_smem();
         }
         block_sync();  // tile it + 1 is in stage ^ 1
-        if (has_next) issue_s(s, q_addr, smem_addr(sKv(stage ^ 1)));
+        if (has_next) issue_s_half(s, q_addr, smem_addr(sKv(stage ^ 1)), wg);
       }
       arch::wgmma_wait<0>();
     }
@@ -302,12 +322,19 @@ struct WgmmaMainloop {
   __device__ void epilogue(const Piece& pc, const float* m_run, const float* l_run,
                            const float (&o)[128], int wg, int wi, int g, int t) const {
     const DecodeArgs& a = m.p.a;
-    float inv[2], lse[2];
+    float inv[2], lse[2], lw[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float l = l_run[h];
-      l += shfl_xor(l, 1);
-      l += shfl_xor(l, 2);
+      lw[h] = l_run[h];
+      lw[h] += shfl_xor(lw[h], 1);
+      lw[h] += shfl_xor(lw[h], 2);
+      if (t == 0) sRed()[wg * 64 + 16 * wi + g + 8 * h] = lw[h];
+    }
+    block_sync();  // each warpgroup summed its own keys
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = 16 * wi + g + 8 * h;
+      const float l = sRed()[r] + sRed()[64 + r];
       inv[h] = l > 0.0f ? m.p.out_scale / l : 0.0f;
       lse[h] = lse_from_state(m_run[h], l);
     }
