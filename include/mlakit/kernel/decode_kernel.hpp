@@ -49,6 +49,7 @@ struct DecodeTraits {
   using Copy = arch::DefaultCopyAtom;
   static constexpr arch::TilePolicy kPolicy = arch::kPolicies[PolicyIndex];
   static constexpr int kRows = kPolicy.rows;
+  static constexpr int kCtasPerSm = kFp8Operands ? kPolicy.fp8_ctas_per_sm : kPolicy.ctas_per_sm;
   static constexpr int kKvTile = kFp8Operands ? kPolicy.fp8_kv_tile : kPolicy.kv_tile;
   static constexpr int kThreads = kPolicy.threads;
   static constexpr int kWarps = kThreads / Atom::kWarpSize;
@@ -141,7 +142,10 @@ struct DecodeMainloop {
   using Tq = typename Tr::Tq;
   using Atom = typename Tr::Atom;
   using Copy = typename Tr::Copy;
-  static constexpr int kThreadsPerToken = Tr::kThreads / Tr::kKvTile;
+  // KV copies: four threads per token (a 64-byte run of the row per copy instruction and
+  // one page lookup per thread and token); tiles of more tokens take several passes.
+  static constexpr int kThreadsPerToken = Tr::kThreads / Tr::kKvTile < 4 ? Tr::kThreads / Tr::kKvTile : 4;
+  static constexpr int kTokensPerPass = Tr::kThreads / kThreadsPerToken;
 
   const KernelArgs& p;
   unsigned char* smem;
@@ -270,30 +274,33 @@ struct DecodeMainloop {
   // never read). Direct: into compute stage `stage`; raw staging: into raw stage `stage`;
   // register path: converted into compute stage `stage`.
   __device__ void load_kv(int kt, int kv_end, int stage) const {
-    const int tok = threadIdx.x / kThreadsPerToken, sub = threadIdx.x % kThreadsPerToken;
-    const int j = kt + tok;
-    const bool valid = j < kv_end;
-    const unsigned char* src = valid ? kv_row(j) : static_cast<const unsigned char*>(p.a.kv);
+    const int sub = threadIdx.x % kThreadsPerToken;
     const int row_chunks = kHeadDimQK * kv_bytes / 16;
-    if constexpr (Tr::kFp8Operands) {
-      unsigned char* dst = sKvRaw(stage);
-      for (int ch = sub; ch < row_chunks; ch += kThreadsPerToken)
-        Copy::copy16(dst + Tr::RawLayout::chunk_offset(tok, ch), src + ch * 16, valid);
-    } else if constexpr (Tr::kDirect) {
-      T* dst = sKv(stage);
-      for (int ch = sub; ch < row_chunks; ch += kThreadsPerToken)
-        Copy::copy16(dst + Tr::KvLayout::chunk_offset(tok, ch), src + ch * 16, valid);
-    } else if constexpr (Tr::kRegisterPath) {
-      T* dst = sKv(stage);
-      for (int ch = sub; ch < row_chunks; ch += kThreadsPerToken) {
-        const uint4 raw =
-            valid ? *reinterpret_cast<const uint4*>(src + ch * 16) : uint4{0, 0, 0, 0};
-        store_converted<Tr>(kv, raw, dst, tok, ch);
+#pragma unroll
+    for (int tok = threadIdx.x / kThreadsPerToken; tok < Tr::kKvTile; tok += kTokensPerPass) {
+      const int j = kt + tok;
+      const bool valid = j < kv_end;
+      const unsigned char* src = valid ? kv_row(j) : static_cast<const unsigned char*>(p.a.kv);
+      if constexpr (Tr::kFp8Operands) {
+        unsigned char* dst = sKvRaw(stage);
+        for (int ch = sub; ch < row_chunks; ch += kThreadsPerToken)
+          Copy::copy16(dst + Tr::RawLayout::chunk_offset(tok, ch), src + ch * 16, valid);
+      } else if constexpr (Tr::kDirect) {
+        T* dst = sKv(stage);
+        for (int ch = sub; ch < row_chunks; ch += kThreadsPerToken)
+          Copy::copy16(dst + Tr::KvLayout::chunk_offset(tok, ch), src + ch * 16, valid);
+      } else if constexpr (Tr::kRegisterPath) {
+        T* dst = sKv(stage);
+        for (int ch = sub; ch < row_chunks; ch += kThreadsPerToken) {
+          const uint4 raw =
+              valid ? *reinterpret_cast<const uint4*>(src + ch * 16) : uint4{0, 0, 0, 0};
+          store_converted<Tr>(kv, raw, dst, tok, ch);
+        }
+      } else {
+        unsigned char* dst = sRaw() + stage * (Tr::kKvTile * kHeadDimQK * kv_bytes);
+        for (int ch = sub; ch < row_chunks; ch += kThreadsPerToken)
+          Copy::copy16(dst + tok * kHeadDimQK * kv_bytes + ch * 16, src + ch * 16, valid);
       }
-    } else {
-      unsigned char* dst = sRaw() + stage * (Tr::kKvTile * kHeadDimQK * kv_bytes);
-      for (int ch = sub; ch < row_chunks; ch += kThreadsPerToken)
-        Copy::copy16(dst + tok * kHeadDimQK * kv_bytes + ch * 16, src + ch * 16, valid);
     }
   }
 
@@ -674,7 +681,7 @@ struct DecodeMainloop {
 };
 
 template <class Tr>
-__global__ void __launch_bounds__(Tr::kThreads, Tr::kPolicy.ctas_per_sm)
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kCtasPerSm)
     decode_kernel(const KernelArgs p) {
   extern __shared__ __align__(1024) unsigned char smem[];
   const int row_tile = static_cast<int>(blockIdx.x);
