@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Roofline picture from mlakit_bench JSON: every benchmarked shape placed against the
 measured memory and matrix ceilings that the bench binary recorded.
-  python3 tools/roofline.py docs/data/bench-h200-2026-11-29.json docs/roofline-h200.png"""
+  python3 tools/roofline.py docs/data/bench-h200-2026-11-29-94a68d4.json docs/roofline-h200.png"""
 import json
 import sys
 
