@@ -113,7 +113,7 @@ struct MmaAtomSm80 {
   // chunk0..chunk0+3 (64 dims). Lane (g, t) receives token n0+g, dims 4t..4t+3 of each chunk,
   // so k step j uses the dim order {4t, 4t+1 | 4t+2, 4t+3} for k = {2t, 2t+1 | 2t+8, 2t+9}:
   // A operands multiplied with these fragments must store each 16-dim block permuted the same
-  // way (see permute16).
+  // way (physical 2t+i <- dim 4t+i, 8+2t+i <- dim 4t+2+i; DecodeMainloop::load_q).
   template <class RawLayout>
   __device__ static void load_b_nk_e4m3(FragB (&b)[4], const unsigned char* tile, int n0,
                                         int chunk0, int lane) {

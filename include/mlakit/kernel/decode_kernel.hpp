@@ -2,14 +2,21 @@
 // The split-KV MLA decode kernel.
 //
 // Grid (row_tiles, num_ctas): CTA (r, c) processes rows [r*Rows, (r+1)*Rows) of every
-// request piece the planner gave CTA c (row = token * heads + head). Per piece:
+// request piece the planner gave CTA c (row = token * heads + head). Per piece (this file's
+// mainloop: mma.sync on NVIDIA, MFMA on AMD; the 64-row policy on sm_90a runs the warpgroup
+// mainloop of decode_wgmma.hpp instead):
 //   sQ [Rows, 576] resident in shared memory (compute type, swizzled)
-//   for each KV tile of 64 tokens, gathered through the page mapping:
+//   for each KV tile (32 or 64 tokens), gathered through the page mapping into a pipeline
+//   of stages (KV of the compute type and raw e4m3fn bytes by cp.async; other types
+//   converted into the compute type on their way in):
 //     S = Q K^T over 576           warp (rg, cg): rows rg*16.., keys cg*KeysPerWarp..
 //     mask (causal / piece end) only on tiles that reach a row's limit
 //     online softmax in base 2     row max shared across the cg warps through sMax
 //     P -> sP (compute type)       then O[rows rg, cols cg*VCols..] += P V (V = K[:, :512])
 //   O / l * kv_scale -> out (unsplit) or fp32 partial + LSE (split; combine_kernel merges)
+// e4m3fn KV on NVIDIA ("e4m3 operand mode"): the tiles stay raw, the matrix atom widens its
+// fragments to f16 right before the mma, and Q is stored in f16 with a power-of-two scale
+// per row that the softmax scale undoes.
 // The mainloop names no instruction: the matrix atom (arch/mma_atom.hpp) and the copy atom
 // (arch/copy_atom.hpp) are the only vendor-specific parts.
 #include <cstdint>

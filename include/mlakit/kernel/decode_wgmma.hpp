@@ -2,19 +2,22 @@
 // Hopper mainloop of the 64-row policy (sm_90a device code only; other targets run the
 // mma.sync mainloop of decode_kernel.hpp with the same arguments, plan and workspace).
 //
-// 256 threads = two warpgroups. Per KV tile of 64 tokens, each warpgroup computes the whole
-// S = Q K^T [64 rows x 64 keys] with wgmma (both operands in shared memory), runs the online
-// softmax in registers (a warp holds 16 complete rows: no cross-warp max or P exchange),
-// and accumulates its half of O [64 x 256] with P as the register A operand and V read
-// transposed from the same KV tile. S is computed twice (once per warpgroup); in exchange a
-// tile needs one barrier, and P never goes through shared memory.
+// 256 threads = two warpgroups. Per KV tile of 64 tokens:
+//   warpgroup w: S[:, 32w .. 32w+32) = Q K^T with wgmma m64n32k16 (Q, K in shared memory)
+//   row max of its 32 keys -> sRed; barrier; m_new from both halves
+//   P = exp2(S - m_new) -> sP (a K-major 64 x 64 tile); O *= alpha; barrier
+//   O[:, 256w .. 256w+256) += P V with wgmma m64n256k16 (P from sP, V the transposed view of
+//   the KV tile's first 512 columns), issued asynchronously
+//   next tile into the other stage; barrier; S of the next tile issued behind P V
+// Each warpgroup sums l over its own keys; the epilogue adds the two halves.
 //
 // Shared memory (128-byte swizzle, every tile 1024-byte aligned): Q [64 x 576] and two KV
 // stages [64 x 576], each stored as nine 64-column chunks of [64 rows][128 B] (16-byte unit u
-// of row r at u ^ (r & 7)); then the Q row scales (e4m3 operand mode).
+// of row r at u ^ (r & 7)); P [64 x 64]; sRed [2][64]; the Q row scales (e4m3 operand mode).
 // KV: 16-bit KV of the Q type is copied with cp.async; e4m3fn (f16 compute) and e4m3fnuz are
 // prefetched into registers one tile ahead and converted on their way into the stage; other
-// 16-bit KV is loaded and converted after the tile's matrix work.
+// 16-bit KV is loaded and converted after the tile's P V is issued. A stage is rewritten only
+// after the barrier that both warpgroups reach past their wgmma wait for the P V reading it.
 #include <cstdint>
 
 #include "../arch/convert.hpp"

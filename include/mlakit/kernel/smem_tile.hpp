@@ -37,10 +37,4 @@ struct SwizzledByteRows {
   }
 };
 
-// Position of dim d (0..15) of a 16-dim block when the block is stored for e4m3 K fragments
-// (MmaAtomSm80::load_b_nk_e4m3): physical 2t+i <- dim 4t+i, physical 8+2t+i <- dim 4t+2+i.
-MLAKIT_HOST_DEVICE constexpr int permute16(int d) {
-  return (d & 2) ? 8 + ((d >> 2) << 1) + (d & 1) : ((d >> 2) << 1) + (d & 1);
-}
-
 }  // namespace mlakit::detail
