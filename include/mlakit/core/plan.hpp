@@ -58,9 +58,10 @@ MLAKIT_HOST_DEVICE inline int plan_num_ctas(SplitMode mode, int fixed_splits, in
 }
 
 // Request length after the device-side clamp: negative values count as 0 and values past the
-// request's page capacity are cut to it, so no page outside the mapping is ever read.
+// request's page capacity are cut to it, so no page outside the mapping is ever read. A
+// negative capacity (a decreasing CSR kv_indptr) counts as 0.
 MLAKIT_HOST_DEVICE inline int clamp_kv_len(int len, std::int64_t capacity) {
-  if (len <= 0) return 0;
+  if (len <= 0 || capacity <= 0) return 0;
   return std::int64_t(len) > capacity ? static_cast<int>(capacity) : len;
 }
 
