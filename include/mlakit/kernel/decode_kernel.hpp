@@ -438,7 +438,7 @@ struct DecodeMainloop {
 #pragma unroll
       for (int i = 0; i < Atom::kAccPerLane; ++i) s2[n][i] = 0.0f;
     if constexpr (Tr::kFp8Operands) {
-#pragma unroll 1
+#pragma unroll 3
       for (int kc = 0; kc < kHeadDimQK; kc += 4 * Atom::kK) {
         typename Atom::FragA a[4];
 #pragma unroll
