@@ -315,8 +315,8 @@ inline Outcome run_device(TestProblem& P, DeviceBuffer& ws, Stream stream = null
     o.status = Status(StatusCode::runtime_error, "poison copy failed");
     return o;
   }
-  o.status = launch ? launch(P.dev, ws.ptr, ws.bytes, stream)
-                    : decode(P.dev, ws.ptr, ws.bytes, stream);
+  o.status =
+      launch ? launch(P.dev, ws.ptr, ws.bytes, stream) : decode(P.dev, ws.ptr, ws.bytes, stream);
   if (!o.status) return o;
   if (!gpu_sync()) {
     o.status = Status(StatusCode::runtime_error, "kernel failed (see stderr)");

@@ -290,18 +290,18 @@ TEST_CASE("planner: one grid serves every step (num_ctas never depends on kv_len
   }
 }
 
-TEST_CASE("clamp_kv_len: negative to 0, beyond capacity to capacity, negative capacity to 0", "[planner]") {
+TEST_CASE("clamp_kv_len: negative to 0, beyond capacity to capacity, negative capacity to 0",
+          "[planner]") {
   const int kMin = std::numeric_limits<int>::min(), kMax = std::numeric_limits<int>::max();
   struct C {
     int len;
     std::int64_t cap;
     int want;
   };
-  for (C c :
-       {C{-1, 100, 0}, C{kMin, 100, 0}, C{0, 100, 0}, C{0, 0, 0}, C{5, 0, 0}, C{99, 100, 99},
-        C{100, 100, 100}, C{101, 100, 100}, C{kMax, 100, 100}, C{kMax, std::int64_t(1) << 40, kMax},
-        C{7, std::int64_t(1) << 40, 7}, C{300, 256, 256}, C{5, -64, 0}, C{0, -1, 0},
-        C{kMax, -(std::int64_t(1) << 40), 0}}) {
+  for (C c : {C{-1, 100, 0}, C{kMin, 100, 0}, C{0, 100, 0}, C{0, 0, 0}, C{5, 0, 0}, C{99, 100, 99},
+              C{100, 100, 100}, C{101, 100, 100}, C{kMax, 100, 100},
+              C{kMax, std::int64_t(1) << 40, kMax}, C{7, std::int64_t(1) << 40, 7},
+              C{300, 256, 256}, C{5, -64, 0}, C{0, -1, 0}, C{kMax, -(std::int64_t(1) << 40), 0}}) {
     INFO("len " << c.len << " capacity " << c.cap);
     CHECK(clamp_kv_len(c.len, c.cap) == c.want);
   }

@@ -1,8 +1,9 @@
 #pragma once
 // The run-time path: decode() validates, picks an instantiation from a small table and
 // launches it. Default table per target: Q type (2) x {KV = Q type, KV converted} over every
-// row policy (NVIDIA adds e4m3fn KV read raw by the matrix atom), plus fixed-shape specialisations of the speculative-decoding hot shapes
-// (16 heads, q_len 1/2/4/8, causal, bf16 Q with fp8 e4m3fn or bf16 KV).
+// row policy (NVIDIA adds e4m3fn KV read raw by the matrix atom), plus fixed-shape specialisations
+// of the speculative-decoding hot shapes (16 heads, q_len 1/2/4/8, causal, bf16 Q with fp8 e4m3fn
+// or bf16 KV).
 #include "decode.hpp"
 
 namespace mlakit {

@@ -55,6 +55,20 @@ struct MmaAtomSm80 {
     return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
   }
 
+  // ldmatrix .x4 (.trans): four 8x8 b16 matrices whose rows lanes 8j..8j+7 address.
+  __device__ static void ldsm_x4(std::uint32_t& r0, std::uint32_t& r1, std::uint32_t& r2,
+                                 std::uint32_t& r3, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(smem_addr(p)));
+  }
+  __device__ static void ldsm_x4_trans(std::uint32_t& r0, std::uint32_t& r1, std::uint32_t& r2,
+                                       std::uint32_t& r3, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(smem_addr(p)));
+  }
+
   // Operands live in shared-memory tiles whose element offsets come from Layout::offset(row,
   // col) (16-byte chunks may be swizzled; 8 consecutive columns starting at a multiple of 8
   // are always contiguous).
@@ -63,9 +77,7 @@ struct MmaAtomSm80 {
   template <class Layout>
   __device__ static void load_a(FragA& a, const T* tile, int row0, int col0, int lane) {
     const T* p = tile + Layout::offset(row0 + (lane & 15), col0 + 8 * (lane >> 4));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(a.r[0]), "=r"(a.r[1]), "=r"(a.r[2]), "=r"(a.r[3])
-                 : "r"(smem_addr(p)));
+    ldsm_x4(a.r[0], a.r[1], a.r[2], a.r[3], p);
   }
 
   // B of n-tile [n0, n0+8) for k steps k0 and k0+16, from a tile stored [n][k]
@@ -73,9 +85,7 @@ struct MmaAtomSm80 {
   template <class Layout>
   __device__ static void load_b_nk(FragB (&b)[2], const T* tile, int n0, int k0, int lane) {
     const T* p = tile + Layout::offset(n0 + (lane & 7), k0 + 8 * (lane >> 3));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(b[0].r[0]), "=r"(b[0].r[1]), "=r"(b[1].r[0]), "=r"(b[1].r[1])
-                 : "r"(smem_addr(p)));
+    ldsm_x4(b[0].r[0], b[0].r[1], b[1].r[0], b[1].r[1], p);
   }
 
   // B of k step [k0, k0+16) for n-tiles n0 and n0+8, from a tile stored [k][n]
@@ -84,9 +94,7 @@ struct MmaAtomSm80 {
   __device__ static void load_b_kn(FragB (&b)[2], const T* tile, int k0, int n0, int lane) {
     const T* p =
         tile + Layout::offset(k0 + (lane & 7) + 8 * ((lane >> 3) & 1), n0 + 8 * (lane >> 4));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(b[0].r[0]), "=r"(b[0].r[1]), "=r"(b[1].r[0]), "=r"(b[1].r[1])
-                 : "r"(smem_addr(p)));
+    ldsm_x4_trans(b[0].r[0], b[0].r[1], b[1].r[0], b[1].r[1], p);
   }
 
   // ---- e4m3fn KV read raw (one byte per element) and widened to f16 in registers. ----
@@ -119,9 +127,7 @@ struct MmaAtomSm80 {
                                         int chunk0, int lane) {
     const unsigned char* p = tile + RawLayout::chunk_offset(n0 + (lane & 7), chunk0 + (lane >> 3));
     std::uint32_t r[4];
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
+    ldsm_x4(r[0], r[1], r[2], r[3], p);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       b[j].r[0] = e4m3x2_to_f16x2(r[j] & 0xFFFFu);
@@ -136,12 +142,10 @@ struct MmaAtomSm80 {
   template <class RawLayout>
   __device__ static void load_b_kn_e4m3(FragB (&b)[4], const unsigned char* tile, int k0,
                                         int chunk0, int lane) {
-    const unsigned char* p =
-        tile + RawLayout::chunk_offset(k0 + (lane & 7) + 8 * ((lane >> 3) & 1), chunk0 + (lane >> 4));
+    const unsigned char* p = tile + RawLayout::chunk_offset(k0 + (lane & 7) + 8 * ((lane >> 3) & 1),
+                                                            chunk0 + (lane >> 4));
     std::uint32_t r[4];
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
+    ldsm_x4_trans(r[0], r[1], r[2], r[3], p);
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
 #pragma unroll

@@ -76,7 +76,7 @@ struct DecodeTraits {
   // AMD: KV converts on its way through registers (no raw staging in LDS).
   static constexpr bool kRegisterPath = !Copy::kAsync;
   // Stages of KV tiles the mainloop pipelines (raw bytes in the e4m3 operand mode).
-  static constexpr int kStages = kFp8Operands                    ? kPolicy.fp8_stages
+  static constexpr int kStages = kFp8Operands                 ? kPolicy.fp8_stages
                                  : (kDirect || kRegisterPath) ? kPolicy.stages
                                                               : 1;
   static constexpr int kRawBytes =
@@ -151,7 +151,8 @@ struct DecodeMainloop {
   using Copy = typename Tr::Copy;
   // KV copies: four threads per token (a 64-byte run of the row per copy instruction and
   // one page lookup per thread and token); tiles of more tokens take several passes.
-  static constexpr int kThreadsPerToken = Tr::kThreads / Tr::kKvTile < 4 ? Tr::kThreads / Tr::kKvTile : 4;
+  static constexpr int kThreadsPerToken =
+      Tr::kThreads / Tr::kKvTile < 4 ? Tr::kThreads / Tr::kKvTile : 4;
   static constexpr int kTokensPerPass = Tr::kThreads / kThreadsPerToken;
 
   const KernelArgs& p;
@@ -207,7 +208,7 @@ struct DecodeMainloop {
       const int t = row / heads, h = row - t * heads;
       src += b * a.q_stride_batch + t * a.q_stride_token + h * a.q_stride_head;
     }
-    auto load16 = [&](int blk, float (&v)[16]) {
+    auto load16 = [&](int blk, float(&v)[16]) {
       uint4 w[2] = {uint4{0, 0, 0, 0}, uint4{0, 0, 0, 0}};
       if (valid) {
         w[0] = *reinterpret_cast<const uint4*>(src + blk * 16);
@@ -245,7 +246,8 @@ struct DecodeMainloop {
       load16(blk, v);
       std::uint32_t w[8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) w[i] = arch::pack2<fp16_t>(v[2 * i] * scale, v[2 * i + 1] * scale);
+      for (int i = 0; i < 8; ++i)
+        w[i] = arch::pack2<fp16_t>(v[2 * i] * scale, v[2 * i + 1] * scale);
       store(r, blk, w);
     }
   }
@@ -448,7 +450,7 @@ struct DecodeMainloop {
         for (int n = 0; n < Tr::kNTilesS; ++n) {
           typename Atom::FragB bk[4];
           Atom::template load_b_nk_e4m3<typename Tr::RawLayout>(bk, raw, key0 + n * Atom::kN,
-                                                                 kc / 16, lane);
+                                                                kc / 16, lane);
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
             if constexpr (kChains > 1)
@@ -460,21 +462,21 @@ struct DecodeMainloop {
       }
     } else {
 #pragma unroll 2
-    for (int kc = 0; kc < kHeadDimQK; kc += 2 * Atom::kK) {
-      typename Atom::FragA a0, a1;
-      Atom::template load_a<typename Tr::QLayout>(a0, sQ(), r0, kc, lane);
-      Atom::template load_a<typename Tr::QLayout>(a1, sQ(), r0, kc + Atom::kK, lane);
+      for (int kc = 0; kc < kHeadDimQK; kc += 2 * Atom::kK) {
+        typename Atom::FragA a0, a1;
+        Atom::template load_a<typename Tr::QLayout>(a0, sQ(), r0, kc, lane);
+        Atom::template load_a<typename Tr::QLayout>(a1, sQ(), r0, kc + Atom::kK, lane);
 #pragma unroll
-      for (int n = 0; n < Tr::kNTilesS; ++n) {
-        typename Atom::FragB bk[2];
-        Atom::template load_b_nk<typename Tr::KvLayout>(bk, tile, key0 + n * Atom::kN, kc, lane);
-        Atom::mma(s[n], a0, bk[0]);
-        if constexpr (kChains > 1)
-          Atom::mma(s2[n], a1, bk[1]);
-        else
-          Atom::mma(s[n], a1, bk[1]);
+        for (int n = 0; n < Tr::kNTilesS; ++n) {
+          typename Atom::FragB bk[2];
+          Atom::template load_b_nk<typename Tr::KvLayout>(bk, tile, key0 + n * Atom::kN, kc, lane);
+          Atom::mma(s[n], a0, bk[0]);
+          if constexpr (kChains > 1)
+            Atom::mma(s2[n], a1, bk[1]);
+          else
+            Atom::mma(s[n], a1, bk[1]);
+        }
       }
-    }
     }
     if constexpr (kChains > 1) {
 #pragma unroll
@@ -569,7 +571,7 @@ struct DecodeMainloop {
         for (int n = 0; n < Tr::kNTilesO; n += 4) {
           typename Atom::FragB vb[4];
           Atom::template load_b_kn_e4m3<typename Tr::RawLayout>(vb, raw, kk, (vcol0 + 8 * n) / 16,
-                                                                 lane);
+                                                                lane);
 #pragma unroll
           for (int q = 0; q < 4; ++q) Atom::mma(o[n + q], pa, vb[q]);
         }
@@ -582,8 +584,7 @@ struct DecodeMainloop {
 #pragma unroll
         for (int n = 0; n < Tr::kNTilesO; n += 2) {
           typename Atom::FragB vb[2];
-          Atom::template load_b_kn<typename Tr::KvLayout>(vb, tile, kk, vcol0 + n * Atom::kN,
-                                                          lane);
+          Atom::template load_b_kn<typename Tr::KvLayout>(vb, tile, kk, vcol0 + n * Atom::kN, lane);
           Atom::mma(o[n], pa, vb[0]);
           Atom::mma(o[n + 1], pa, vb[1]);
         }
@@ -634,38 +635,40 @@ struct DecodeMainloop {
             const int t = row / heads, hd = row - t * heads;
             Tq* dst = static_cast<Tq*>(a.out) + b * a.o_stride_batch + t * a.o_stride_token +
                       hd * a.o_stride_head + col;
-            *reinterpret_cast<uint2*>(dst) = make_uint2(arch::pack2<Tq>(v0, v1), arch::pack2<Tq>(v2, v3));
+            *reinterpret_cast<uint2*>(dst) =
+                make_uint2(arch::pack2<Tq>(v0, v1), arch::pack2<Tq>(v2, v3));
           }
         }
       }
     } else {
 #pragma unroll
-    for (int n = 0; n < Tr::kNTilesO; ++n) {
+      for (int n = 0; n < Tr::kNTilesO; ++n) {
 #pragma unroll
-      for (int i = 0; i < Atom::kAccPerLane; i += Atom::kAccPairStride) {
-        const int row = row0 + r0 + Atom::acc_row(i, lane);
-        if (row >= rows) continue;
-        const int col = vcol0 + n * Atom::kN + Atom::acc_col(i, lane);
-        const float v0 = o[n][i] * inv[Atom::row_slot(i)];
-        if (split) {
-          float* dst = p.ws.partial_o +
-                       (std::int64_t(pc.partial_slot) * p.ws.rows_padded + row) * kHeadDimV + col;
-          if constexpr (Atom::kAccPairStride == 2)
-            *reinterpret_cast<float2*>(dst) = make_float2(v0, o[n][i + 1] * inv[Atom::row_slot(i)]);
-          else
-            *dst = v0;
-        } else {
-          const int t = row / heads, h = row - t * heads;
-          Tq* dst = static_cast<Tq*>(a.out) + b * a.o_stride_batch + t * a.o_stride_token +
-                    h * a.o_stride_head + col;
-          if constexpr (Atom::kAccPairStride == 2)
-            *reinterpret_cast<std::uint32_t*>(dst) =
-                arch::pack2<Tq>(v0, o[n][i + 1] * inv[Atom::row_slot(i)]);
-          else
-            *dst = from_float<Tq>(v0);
+        for (int i = 0; i < Atom::kAccPerLane; i += Atom::kAccPairStride) {
+          const int row = row0 + r0 + Atom::acc_row(i, lane);
+          if (row >= rows) continue;
+          const int col = vcol0 + n * Atom::kN + Atom::acc_col(i, lane);
+          const float v0 = o[n][i] * inv[Atom::row_slot(i)];
+          if (split) {
+            float* dst = p.ws.partial_o +
+                         (std::int64_t(pc.partial_slot) * p.ws.rows_padded + row) * kHeadDimV + col;
+            if constexpr (Atom::kAccPairStride == 2)
+              *reinterpret_cast<float2*>(dst) =
+                  make_float2(v0, o[n][i + 1] * inv[Atom::row_slot(i)]);
+            else
+              *dst = v0;
+          } else {
+            const int t = row / heads, h = row - t * heads;
+            Tq* dst = static_cast<Tq*>(a.out) + b * a.o_stride_batch + t * a.o_stride_token +
+                      h * a.o_stride_head + col;
+            if constexpr (Atom::kAccPairStride == 2)
+              *reinterpret_cast<std::uint32_t*>(dst) =
+                  arch::pack2<Tq>(v0, o[n][i + 1] * inv[Atom::row_slot(i)]);
+            else
+              *dst = from_float<Tq>(v0);
+          }
         }
       }
-    }
     }
     // LSE: one writer per row (column group 0, the lane holding column 0 of the row).
     if (cg == 0) {
@@ -688,8 +691,7 @@ struct DecodeMainloop {
 };
 
 template <class Tr>
-__global__ void __launch_bounds__(Tr::kThreads, Tr::kCtasPerSm)
-    decode_kernel(const KernelArgs p) {
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kCtasPerSm) decode_kernel(const KernelArgs p) {
   extern __shared__ __align__(1024) unsigned char smem[];
   const int row_tile = static_cast<int>(blockIdx.x);
   const int cta = static_cast<int>(blockIdx.y);

@@ -41,11 +41,11 @@ struct WgmmaMainloop {
   using Tq = typename Tr::Tq;
   using W = arch::Wgmma<T>;
   using Copy = typename Tr::Copy;
-  static constexpr int kChunkBytes = 64 * 128;              // 64 rows x 64 columns
-  static constexpr int kTileBytes = 9 * kChunkBytes;         // 64 rows x 576 columns
+  static constexpr int kChunkBytes = 64 * 128;        // 64 rows x 64 columns
+  static constexpr int kTileBytes = 9 * kChunkBytes;  // 64 rows x 576 columns
   static constexpr int kThreads = 256;
-  static constexpr int kRawChunks = kHeadDimQK / 16;         // 16-byte chunks of an fp8 row
-  static constexpr int kUnits = kHeadDimQK / 8;              // 16-byte units of a 16-bit row
+  static constexpr int kRawChunks = kHeadDimQK / 16;  // 16-byte chunks of an fp8 row
+  static constexpr int kUnits = kHeadDimQK / 8;       // 16-byte units of a 16-bit row
   // KV copies: four threads per token (one page lookup per thread and tile), thread `sub`
   // takes the token's chunks sub, sub + 4, ...
   static constexpr int kThreadsPerToken = kThreads / 64;
@@ -299,10 +299,9 @@ struct WgmmaMainloop {
         arch::wgmma_fence();
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-          W::mma_ss_n256_tb(o, arch::wgmma_desc(p_addr + j * 32, 16, 1024),
-                            arch::wgmma_desc(kv_addr + 4 * wg * kChunkBytes + j * 2048,
-                                             kChunkBytes, 1024),
-                            true);
+          W::mma_ss_n256_tb(
+              o, arch::wgmma_desc(p_addr + j * 32, 16, 1024),
+              arch::wgmma_desc(kv_addr + 4 * wg * kChunkBytes + j * 2048, kChunkBytes, 1024), true);
         arch::wgmma_commit();
 
         if (has_next) {
