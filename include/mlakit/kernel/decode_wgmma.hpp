@@ -26,6 +26,7 @@
 #include "../core/attention_math.hpp"
 #include "../core/plan.hpp"
 #include "../platform/intrinsics.hpp"
+#include "smem_tile.hpp"
 #include "workspace.hpp"
 
 #if defined(MLAKIT_PLATFORM_CUDA)
@@ -41,8 +42,9 @@ struct WgmmaMainloop {
   using Tq = typename Tr::Tq;
   using W = arch::Wgmma<T>;
   using Copy = typename Tr::Copy;
-  static constexpr int kChunkBytes = 64 * 128;        // 64 rows x 64 columns
-  static constexpr int kTileBytes = 9 * kChunkBytes;  // 64 rows x 576 columns
+  using Tile = Swizzle128Tile<64>;
+  static constexpr int kChunkBytes = Tile::kChunkBytes;  // 64 rows x 64 columns
+  static constexpr int kTileBytes = 9 * kChunkBytes;     // 64 rows x 576 columns
   static constexpr int kThreads = 256;
   static constexpr int kRawChunks = kHeadDimQK / 16;  // 16-byte chunks of an fp8 row
   static constexpr int kUnits = kHeadDimQK / 8;       // 16-byte units of a 16-bit row
@@ -64,9 +66,7 @@ struct WgmmaMainloop {
   }
 
   // Byte offset of 16-byte unit `unit` (8 values, 0..71) of row `r` in a swizzled tile.
-  __device__ static int unit_offset(int r, int unit) {
-    return (unit >> 3) * kChunkBytes + r * 128 + (((unit & 7) ^ (r & 7)) << 4);
-  }
+  __device__ static int unit_offset(int r, int unit) { return Tile::unit_offset(r, unit); }
 
   __device__ static std::uint32_t smem_addr(const void* p) {
     return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));

@@ -37,4 +37,18 @@ struct SwizzledByteRows {
   }
 };
 
+// wgmma operand tile with the 128-byte swizzle: Rows rows of 16-bit values, stored as 64-column
+// chunks of [Rows][128 B]; 16-byte unit u (8 values) of row r sits at u ^ (r & 7) within its
+// 128-byte row. With the tile 1024-byte aligned this is the hardware's 128B pattern (address
+// bits 4-6 XOR bits 7-9), which wgmma descriptors with swizzle mode 1 expect.
+template <int Rows>
+struct Swizzle128Tile {
+  static_assert(Rows % 8 == 0, "whole 1024-byte swizzle atoms");
+  static constexpr int kChunkBytes = Rows * 128;  // one 64-column chunk
+  // Byte offset of 16-byte unit `unit` (columns 8 unit .. 8 unit + 7) of row `r`.
+  MLAKIT_HOST_DEVICE static constexpr int unit_offset(int r, int unit) {
+    return (unit >> 3) * kChunkBytes + r * 128 + (((unit & 7) ^ (r & 7)) << 4);
+  }
+};
+
 }  // namespace mlakit::detail
