@@ -93,7 +93,7 @@ std::string run_planner(const PlannerCase& c) {
   a.kv_indptr = d_indptr.as<std::int32_t>();
   a.split_mode = c.mode;
   a.num_splits = c.splits;
-  const detail::WorkspaceView view = detail::workspace_view(ws.ptr, shape, rows_padded);
+  const detail::WorkspaceView view = detail::workspace_view(ws.ptr, wl, rows_padded);
   detail::plan_kernel<><<<1, detail::kPlannerThreads>>>(a, shape, view);
   const Status launch = detail::check_launch("plan_kernel");
   if (!launch) return launch.message();
@@ -267,7 +267,7 @@ void check_combine(const CombineCase& c) {
   // The launch of api/decode.hpp: one block per (request, kRowsPerBlock rows), one warp a row.
   constexpr int kRowsPerBlock = detail::kCombineThreads / detail::kWarpSize;
   const dim3 grid(batch, (rows + kRowsPerBlock - 1) / kRowsPerBlock);
-  const detail::WorkspaceView view = detail::workspace_view(d_ws.ptr, shape, rows_padded);
+  const detail::WorkspaceView view = detail::workspace_view(d_ws.ptr, wl, rows_padded);
   if (c.q_type == DType::bf16)
     detail::combine_kernel<bf16_t><<<grid, detail::kCombineThreads>>>(a, view);
   else

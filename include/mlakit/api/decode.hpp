@@ -97,7 +97,7 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   KernelArgs k;
   k.a = a;
   k.shape = shape;
-  k.ws = workspace_view(workspace, shape, rows_padded);
+  k.ws = workspace_view(workspace, wl, rows_padded);
   k.scale_log2 = a.softmax_scale * a.kv_scale * kLog2e;
   k.out_scale = a.kv_scale;
 

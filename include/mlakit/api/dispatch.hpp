@@ -16,25 +16,28 @@ using HotFp8 = Problem<bf16_t, fp8_e4m3fn_t, 16, QLen, Causal::on>;
 template <int QLen>
 using HotBf16 = Problem<bf16_t, bf16_t, 16, QLen, Causal::on>;
 
+template <int QLen>
+inline Status launch_hot(const DecodeArgs& a, const DeviceInfo& dev, void* ws, std::size_t bytes,
+                         Stream stream) {
+  return a.kv_type == DType::fp8_e4m3fn
+             ? Decode<HotFp8<QLen>>::launch_with(a, dev, ws, bytes, stream)
+             : Decode<HotBf16<QLen>>::launch_with(a, dev, ws, bytes, stream);
+}
+
 inline Status dispatch(const DecodeArgs& a, const DeviceInfo& dev, void* ws, std::size_t bytes,
                        Stream stream) {
 #if !defined(MLAKIT_NO_HOT_SHAPES)
   if (a.q_type == DType::bf16 && a.num_heads == 16 && a.causal &&
       (a.kv_type == DType::fp8_e4m3fn || a.kv_type == DType::bf16)) {
-    const bool fp8 = a.kv_type == DType::fp8_e4m3fn;
     switch (a.q_len) {
       case 1:
-        return fp8 ? Decode<HotFp8<1>>::launch_with(a, dev, ws, bytes, stream)
-                   : Decode<HotBf16<1>>::launch_with(a, dev, ws, bytes, stream);
+        return launch_hot<1>(a, dev, ws, bytes, stream);
       case 2:
-        return fp8 ? Decode<HotFp8<2>>::launch_with(a, dev, ws, bytes, stream)
-                   : Decode<HotBf16<2>>::launch_with(a, dev, ws, bytes, stream);
+        return launch_hot<2>(a, dev, ws, bytes, stream);
       case 4:
-        return fp8 ? Decode<HotFp8<4>>::launch_with(a, dev, ws, bytes, stream)
-                   : Decode<HotBf16<4>>::launch_with(a, dev, ws, bytes, stream);
+        return launch_hot<4>(a, dev, ws, bytes, stream);
       case 8:
-        return fp8 ? Decode<HotFp8<8>>::launch_with(a, dev, ws, bytes, stream)
-                   : Decode<HotBf16<8>>::launch_with(a, dev, ws, bytes, stream);
+        return launch_hot<8>(a, dev, ws, bytes, stream);
       default:
         break;
     }

@@ -4,6 +4,7 @@
 // asynchronous global->LDS copy of 16 bytes; see isa-amd.md section 5).
 #include <cstdint>
 
+#include "../platform/intrinsics.hpp"
 #include "../platform/platform.hpp"
 
 namespace mlakit::arch {
@@ -15,9 +16,8 @@ struct CopyAtomCpAsync {
   // Copies 16 bytes from `src` to `dst`, or writes 16 zero bytes (reading nothing) when
   // !valid, so that tokens past a request's end never touch memory.
   __device__ static void copy16(void* dst, const void* src, bool valid) {
-    const auto d = static_cast<std::uint32_t>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
-                 "r"(valid ? 16 : 0));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(detail::smem_u32(dst)),
+                 "l"(src), "r"(valid ? 16 : 0));
   }
   __device__ static void commit() { asm volatile("cp.async.commit_group;\n" ::); }
   template <int Pending>

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "../core/numeric.hpp"
+#include "../platform/intrinsics.hpp"
 #include "../platform/platform.hpp"
 
 #if defined(MLAKIT_PLATFORM_CUDA)
@@ -51,22 +52,18 @@ struct MmaAtomSm80 {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
   }
 
-  __device__ static std::uint32_t smem_addr(const void* p) {
-    return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-  }
-
   // ldmatrix .x4 (.trans): four 8x8 b16 matrices whose rows lanes 8j..8j+7 address.
   __device__ static void ldsm_x4(std::uint32_t& r0, std::uint32_t& r1, std::uint32_t& r2,
                                  std::uint32_t& r3, const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(smem_addr(p)));
+                 : "r"(detail::smem_u32(p)));
   }
   __device__ static void ldsm_x4_trans(std::uint32_t& r0, std::uint32_t& r1, std::uint32_t& r2,
                                        std::uint32_t& r3, const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(smem_addr(p)));
+                 : "r"(detail::smem_u32(p)));
   }
 
   // Operands live in shared-memory tiles whose element offsets come from Layout::offset(row,

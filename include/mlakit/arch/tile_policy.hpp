@@ -13,17 +13,14 @@ struct TilePolicy {
   int stages;       // KV tiles in shared memory when KV needs no conversion
   int raw_bytes;    // shared bytes for raw KV staging when KV is converted (fp8 / other 16-bit)
   int ctas_per_sm;  // CTAs the kernel is compiled to keep resident per SM (launch bounds)
-  // e4m3fn KV read raw by the matrix atom (NVIDIA): tokens per step and raw stages.
-  int fp8_kv_tile;
-  int fp8_stages;
-  int fp8_ctas_per_sm;
+  int fp8_stages;   // raw KV stages when the matrix atom reads e4m3fn KV raw (NVIDIA)
 };
 
 #if defined(MLAKIT_PLATFORM_HIP)
 // 64 KiB of LDS per workgroup on gfx90a/gfx942: 16 rows, 32-token tiles, 2 waves; KV is
 // converted on its way through registers, so no raw staging in LDS. Compile-checked only.
 inline constexpr TilePolicy kPolicies[] = {
-    {16, 32, 128, 1, 0, 1, 32, 1, 1},
+    {16, 32, 128, 1, 0, 1, 1},
 };
 #else
 
@@ -37,9 +34,9 @@ inline constexpr TilePolicy kPolicies[] = {
 // rows 64: 8 warps, Q 72 KB + two 72 KB KV stages + P and reductions ~ 226 KB (mma.sync on
 //   sm_80; sm_90a runs the warpgroup mainloop, decode_wgmma.hpp, in the same launch size).
 inline constexpr TilePolicy kPolicies[] = {
-    {16, 32, 128, 2, 36864, 2, 32, 4, 2},
-    {32, 64, 256, 2, 110592, 1, 64, 4, 1},
-    {64, 64, 256, 2, 73728, 1, 64, 3, 1},
+    {16, 32, 128, 2, 36864, 2, 4},
+    {32, 64, 256, 2, 110592, 1, 4},
+    {64, 64, 256, 2, 73728, 1, 3},
 };
 #endif
 

@@ -56,8 +56,7 @@ struct DecodeTraits {
   using Copy = arch::DefaultCopyAtom;
   static constexpr arch::TilePolicy kPolicy = arch::kPolicies[PolicyIndex];
   static constexpr int kRows = kPolicy.rows;
-  static constexpr int kCtasPerSm = kFp8Operands ? kPolicy.fp8_ctas_per_sm : kPolicy.ctas_per_sm;
-  static constexpr int kKvTile = kFp8Operands ? kPolicy.fp8_kv_tile : kPolicy.kv_tile;
+  static constexpr int kKvTile = kPolicy.kv_tile;
   static constexpr int kThreads = kPolicy.threads;
   static constexpr int kWarps = kThreads / Atom::kWarpSize;
   static constexpr int kRowGroups = kRows / Atom::kM;
@@ -691,7 +690,8 @@ struct DecodeMainloop {
 };
 
 template <class Tr>
-__global__ void __launch_bounds__(Tr::kThreads, Tr::kCtasPerSm) decode_kernel(const KernelArgs p) {
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kPolicy.ctas_per_sm)
+    decode_kernel(const KernelArgs p) {
   extern __shared__ __align__(1024) unsigned char smem[];
   const int row_tile = static_cast<int>(blockIdx.x);
   const int cta = static_cast<int>(blockIdx.y);

@@ -68,10 +68,6 @@ struct WgmmaMainloop {
   // Byte offset of 16-byte unit `unit` (8 values, 0..71) of row `r` in a swizzled tile.
   __device__ static int unit_offset(int r, int unit) { return Tile::unit_offset(r, unit); }
 
-  __device__ static std::uint32_t smem_addr(const void* p) {
-    return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-  }
-
   __device__ void load_q() const {
     if constexpr (Tr::kFp8Operands) {
       unsigned char* q = sQ();
@@ -227,14 +223,14 @@ struct WgmmaMainloop {
 #pragma unroll
         for (int h = 0; h < 2; ++h) sc[h] *= m.sQScale(16 * wi + g + 8 * h);
       }
-      const std::uint32_t q_addr = smem_addr(sQ());
+      const std::uint32_t q_addr = smem_u32(sQ());
 
       // Warpgroup wg computes S for keys [32 wg, 32 wg + 32) of the tile; the row max goes
       // through sRed, P through sP (a K-major 64 x 64 tile), and O[:, 256 wg ..] += P V reads
       // both from shared memory. S(it) is issued before iteration it.
       float s[16];
-      const std::uint32_t p_addr = smem_addr(sP());
-      issue_s_half(s, q_addr, smem_addr(sKv(0)), wg);
+      const std::uint32_t p_addr = smem_u32(sP());
+      issue_s_half(s, q_addr, smem_u32(sKv(0)), wg);
       for (int it = 0; it < n_tiles; ++it) {
         const int stage = it & 1;
         const int kt = kv_begin + it * 64;
@@ -295,7 +291,7 @@ struct WgmmaMainloop {
         arch::fence_proxy_async_smem();
         block_sync();  // sP complete; sRed may be rewritten
 
-        const std::uint32_t kv_addr = smem_addr(sKv(stage));
+        const std::uint32_t kv_addr = smem_u32(sKv(stage));
         arch::wgmma_fence();
 #pragma unroll
         for (int j = 0; j < 4; ++j)
@@ -314,7 +310,7 @@ struct WgmmaMainloop {
           arch::fence_proxy_async_smem();
         }
         block_sync();  // tile it + 1 is in stage ^ 1
-        if (has_next) issue_s_half(s, q_addr, smem_addr(sKv(stage ^ 1)), wg);
+        if (has_next) issue_s_half(s, q_addr, smem_u32(sKv(stage ^ 1)), wg);
       }
       arch::wgmma_wait<0>();
     }

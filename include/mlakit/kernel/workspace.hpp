@@ -35,8 +35,8 @@ inline WorkspaceLayout workspace_layout(const PlanShape& shape, int rows_padded)
   return w;
 }
 
-inline WorkspaceView workspace_view(void* base, const PlanShape& shape, int rows_padded) {
-  const WorkspaceLayout w = workspace_layout(shape, rows_padded);
+// Pointers into the workspace at `base` for the layout workspace_layout() computed.
+inline WorkspaceView workspace_view(void* base, const WorkspaceLayout& w, int rows_padded) {
   char* p = static_cast<char*>(base);
   WorkspaceView v;
   v.header = reinterpret_cast<int*>(p + w.plan.header_offset);

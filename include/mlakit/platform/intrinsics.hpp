@@ -1,5 +1,7 @@
 #pragma once
 // Warp-level and math intrinsics with one spelling for both vendors. Device code only.
+#include <cstdint>
+
 #include "platform.hpp"
 
 namespace mlakit::detail {
@@ -29,6 +31,14 @@ __device__ __forceinline__ float fast_exp2(float x) {
 }
 
 __device__ __forceinline__ void block_sync() { __syncthreads(); }
+
+#if defined(MLAKIT_PLATFORM_CUDA)
+// The 32-bit shared-memory address of a generic pointer into shared memory (PTX operands of
+// cp.async, ldmatrix and wgmma descriptors).
+__device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+#endif
 
 #endif  // !MLAKIT_PLATFORM_NONE
 
