@@ -75,6 +75,41 @@ inline Status prepare_kernel(Kernel kernel, int smem_bytes, int device) {
   return s;
 }
 
+#if defined(MLAKIT_PLATFORM_CUDA)
+// Whether decode_kernel_ws<Tr> runs its warpgroup mainloop on `dev`: the device is sm_90 and
+// the code the runtime loads for it is sm_90a code, the only code that declares the
+// mainloop's static shared memory (sm_80 or plain sm_90 code of the kernel is empty).
+// Checked, and the shared-memory limit raised, once per device.
+template <class Tr>
+inline Status warpgroup_usable(const DeviceInfo& dev, bool* usable) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> state[kMaxDevices] = {};  // 0 unknown, 1 usable, 2 not
+  const int d = dev.device;
+  if (d >= 0 && d < kMaxDevices) {
+    const int v = state[d].load(std::memory_order_acquire);
+    if (v != 0) {
+      *usable = v == 1;
+      return Status::ok();
+    }
+  }
+  bool ok = false;
+  if (dev.arch == 90 &&
+      static_cast<int>(sizeof(WsSharedStorage) + sizeof(WsStaticStorage)) <= dev.max_smem_optin) {
+    cudaFuncAttributes attr{};
+    Status s = rt_check(cudaFuncGetAttributes(&attr, decode_kernel_ws<Tr>),
+                        "cudaFuncGetAttributes(decode_kernel_ws)");
+    if (!s) return s;
+    ok = attr.binaryVersion == 90 && attr.sharedSizeBytes == sizeof(WsStaticStorage);
+    if (ok && !(s = set_dynamic_smem(decode_kernel_ws<Tr>,
+                                     static_cast<int>(sizeof(WsSharedStorage)))))
+      return s;
+  }
+  if (d >= 0 && d < kMaxDevices) state[d].store(ok ? 1 : 2, std::memory_order_release);
+  *usable = ok;
+  return Status::ok();
+}
+#endif
+
 // Launches planner, decode kernel and combine for one instantiation.
 template <class Problem, int PolicyIndex>
 inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* workspace,
@@ -87,12 +122,23 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
     return Status(StatusCode::workspace_too_small,
                   "workspace_bytes = " + std::to_string(workspace_size) + ": need " +
                       std::to_string(wl.bytes) + " (call workspace_bytes())");
-  if (Tr::kSmemBytes > dev.max_smem_optin)
-    return Status(StatusCode::not_supported,
-                  "device shared memory per block " + std::to_string(dev.max_smem_optin) + " < " +
-                      std::to_string(Tr::kSmemBytes) + " bytes the kernel needs");
-  Status s = prepare_kernel<Tr>(decode_kernel<Tr>, Tr::kSmemBytes, dev.device);
-  if (!s) return s;
+  Status s;
+#if defined(MLAKIT_PLATFORM_CUDA)
+  // Warpgroup policies run decode_kernel_ws where the device runs its sm_90a code.
+  bool warpgroup = false;
+  if constexpr (Tr::kWarpgroupPolicy) {
+    if (!(s = warpgroup_usable<Tr>(dev, &warpgroup))) return s;
+  }
+#else
+  constexpr bool warpgroup = false;
+#endif
+  if (!warpgroup) {
+    if (Tr::kSmemBytes > dev.max_smem_optin)
+      return Status(StatusCode::not_supported,
+                    "device shared memory per block " + std::to_string(dev.max_smem_optin) +
+                        " < " + std::to_string(Tr::kSmemBytes) + " bytes the kernel needs");
+    if (!(s = prepare_kernel<Tr>(decode_kernel<Tr>, Tr::kSmemBytes, dev.device))) return s;
+  }
 
   KernelArgs k;
   k.a = a;
@@ -103,8 +149,18 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
 
   plan_kernel<><<<1, kPlannerThreads, 0, stream>>>(a, shape, k.ws);
   if (!(s = check_launch("plan_kernel"))) return s;
-  decode_kernel<Tr>
-      <<<dim3(shape.row_tiles, shape.num_ctas), Tr::kThreads, Tr::kSmemBytes, stream>>>(k);
+  const dim3 grid(shape.row_tiles, shape.num_ctas);
+#if defined(MLAKIT_PLATFORM_CUDA)
+  if constexpr (Tr::kWarpgroupPolicy) {
+    if (warpgroup)
+      decode_kernel_ws<Tr><<<grid, WsMainloop<Tr>::kThreads, sizeof(WsSharedStorage), stream>>>(k);
+    else
+      decode_kernel<Tr><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(k);
+  } else
+#endif
+  {
+    decode_kernel<Tr><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(k);
+  }
   if (!(s = check_launch("decode_kernel"))) return s;
   if (shape.max_partials() > 0) {
     constexpr int kRowsPerBlock = kCombineThreads / kWarpSize;

@@ -6,6 +6,12 @@
 
 namespace mlakit::arch {
 
+// The mainloop a policy runs. warp_mma: the mma.sync / MFMA mainloop of decode_kernel.hpp
+// (every target). warpgroup: the warp-specialized wgmma mainloop of decode_ws_sm90.hpp where
+// the device runs sm_90a code of it; elsewhere the same policy falls back to warp_mma with
+// `threads` threads.
+enum class Mainloop : int { warp_mma = 0, warpgroup = 1 };
+
 struct TilePolicy {
   int rows;         // rows (token, head) per CTA: 16, 32 or 64
   int kv_tile;      // KV tokens per pipeline step
@@ -14,13 +20,14 @@ struct TilePolicy {
   int raw_bytes;    // shared bytes for raw KV staging when KV is converted (fp8 / other 16-bit)
   int ctas_per_sm;  // CTAs the kernel is compiled to keep resident per SM (launch bounds)
   int fp8_stages;   // raw KV stages when the matrix atom reads e4m3fn KV raw (NVIDIA)
+  Mainloop mainloop;
 };
 
 #if defined(MLAKIT_PLATFORM_HIP)
 // 64 KiB of LDS per workgroup on gfx90a/gfx942: 16 rows, 32-token tiles, 2 waves; KV is
 // converted on its way through registers, so no raw staging in LDS. Compile-checked only.
 inline constexpr TilePolicy kPolicies[] = {
-    {16, 32, 128, 1, 0, 1, 1},
+    {16, 32, 128, 1, 0, 1, 1, Mainloop::warp_mma},
 };
 #else
 
@@ -31,12 +38,13 @@ inline constexpr TilePolicy kPolicies[] = {
 //   page size 64 and 30% slower with page size 1).
 // rows 32: 8 warps, 64-token tiles, fp8 KV with three raw stages (108 KB), ~221 KB; e4m3fn
 //   KV: four raw 36 KB stages.
-// rows 64: 8 warps, Q 72 KB + two 72 KB KV stages + P and reductions ~ 226 KB (mma.sync on
-//   sm_80; sm_90a runs the warpgroup mainloop, decode_wgmma.hpp, in the same launch size).
+// rows 64: sm_90a runs the warp-specialized warpgroup mainloop (decode_ws_sm90.hpp: 384
+//   threads, Q + two KV stages + P ~ 226 KB); the numbers here are its mma.sync fallback
+//   (sm_80): 8 warps, Q 72 KB + two 72 KB KV stages + P and reductions ~ 226 KB.
 inline constexpr TilePolicy kPolicies[] = {
-    {16, 32, 128, 2, 36864, 2, 4},
-    {32, 64, 256, 2, 110592, 1, 4},
-    {64, 64, 256, 2, 73728, 1, 3},
+    {16, 32, 128, 2, 36864, 2, 4, Mainloop::warp_mma},
+    {32, 64, 256, 2, 110592, 1, 4, Mainloop::warp_mma},
+    {64, 64, 256, 2, 73728, 1, 3, Mainloop::warpgroup},
 };
 #endif
 

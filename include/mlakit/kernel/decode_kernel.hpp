@@ -3,8 +3,8 @@
 //
 // Grid (row_tiles, num_ctas): CTA (r, c) processes rows [r*Rows, (r+1)*Rows) of every
 // request piece the planner gave CTA c (row = token * heads + head). Per piece (this file's
-// mainloop: mma.sync on NVIDIA, MFMA on AMD; the 64-row policy on sm_90a runs the warpgroup
-// mainloop of decode_wgmma.hpp instead):
+// mainloop: mma.sync on NVIDIA, MFMA on AMD; the 64-row policy on sm_90a runs the
+// warp-specialized mainloop of decode_ws_sm90.hpp instead):
 //   sQ [Rows, 576] resident in shared memory (compute type, swizzled)
 //   for each KV tile (32 or 64 tokens), gathered through the page mapping into a pipeline
 //   of stages (KV of the compute type and raw e4m3fn bytes by cp.async; other types
@@ -26,10 +26,10 @@
 #include "../arch/copy_atom.hpp"
 #include "../arch/mma_atom.hpp"
 #include "../arch/tile_policy.hpp"
+#include "../arch/wgmma_sm90.hpp"
 #include "../core/attention_math.hpp"
 #include "../core/plan.hpp"
 #include "../platform/intrinsics.hpp"
-#include "decode_wgmma.hpp"
 #include "problem.hpp"
 #include "smem_tile.hpp"
 #include "workspace.hpp"
@@ -98,19 +98,10 @@ struct DecodeTraits {
   static constexpr int kOffRed = kOffP + kPBytes;
   static constexpr int kSyncSmemBytes = kOffRed + kRedBytes + kScaleBytes;  // mma.sync layout
 
-  // Hopper (sm_90a device code): the 64-row policy runs the warpgroup mainloop
-  // (decode_wgmma.hpp) with Q and two KV stages in 128-byte-swizzled f16/bf16 tiles.
-#if defined(MLAKIT_PLATFORM_CUDA)
-  static constexpr bool kUseWgmma = kRows == 64 && kThreads == 256;
-#else
-  static constexpr bool kUseWgmma = false;
-#endif
-  static constexpr int kWgTileBytes = kHeadDimQK * 64 * 2;  // 9 chunks of 64 rows x 128 B
-  // Q, two KV stages, P [64 x 64], row max / sum exchange [2][64], Q row scales.
-  static constexpr int kWgSmemBytes = 3 * kWgTileBytes + 64 * 64 * 2 + 2 * 64 * 4 + kScaleBytes;
-  // One launch size serves both device paths (the binary may hold sm_80 and sm_90a code).
-  static constexpr int kSmemBytes =
-      kUseWgmma && kWgSmemBytes > kSyncSmemBytes ? kWgSmemBytes : kSyncSmemBytes;
+  static constexpr int kSmemBytes = kSyncSmemBytes;
+  // The policy names a warpgroup mainloop (decode_ws_sm90.hpp) for sm_90a; this file's
+  // mainloop is then only its fallback on other targets.
+  static constexpr bool kWarpgroupPolicy = kPolicy.mainloop == arch::Mainloop::warpgroup;
 
   __device__ static int heads(const DecodeArgs& a) {
     return Problem::kHeads > 0 ? Problem::kHeads : a.num_heads;
@@ -193,10 +184,11 @@ struct DecodeMainloop {
   // e4m3 operand mode: Q rows -> f16 times 2^e (e per row puts the row's largest |q| in
   // [2^14, 2^15)); store(row, block, w) receives each 16-dim block as 8 f16 pairs in dim
   // order, and the row's 2^-e goes to sQScale.
-  template <class Store>
-  __device__ void load_q_scaled(Store store) const {
+  // `Threads` threads take part; the row factors go to scale_out (default: sQScale).
+  template <int Threads = Tr::kThreads, class Store>
+  __device__ void load_q_scaled(Store store, float* scale_out = nullptr) const {
     const DecodeArgs& a = p.a;
-    constexpr int kTpr = Tr::kThreads / Tr::kRows;  // threads per row (4 or 8, one warp)
+    constexpr int kTpr = Threads / Tr::kRows;  // threads per row (4 or 8, one warp)
     static_assert(kTpr >= 1 && 32 % kTpr == 0, "Q rows are split over lanes of one warp");
     constexpr int kBlocks = kHeadDimQK / 16;
     const int r = threadIdx.x / kTpr, sub = threadIdx.x % kTpr;
@@ -239,7 +231,7 @@ struct DecodeMainloop {
         scale = bits_to_float(std::uint32_t(127 + e) << 23);
       }
     }
-    if (sub == 0) sQScale(r) = 1.0f / scale;
+    if (sub == 0) (scale_out != nullptr ? scale_out[r] : sQScale(r)) = 1.0f / scale;
     for (int blk = sub; blk < kBlocks; blk += kTpr) {
       float v[16];
       load16(blk, v);
@@ -692,6 +684,15 @@ struct DecodeMainloop {
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kPolicy.ctas_per_sm)
     decode_kernel(const KernelArgs p) {
+#if defined(MLAKIT_WGMMA_ENABLED)
+  // sm_90a code: the host launches decode_kernel_ws for warpgroup policies, never this one.
+  constexpr bool kSkip = Tr::kWarpgroupPolicy;
+#else
+  constexpr bool kSkip = false;
+#endif
+  if constexpr (kSkip) {
+    (void)p;
+  } else {
   extern __shared__ __align__(1024) unsigned char smem[];
   const int row_tile = static_cast<int>(blockIdx.x);
   const int cta = static_cast<int>(blockIdx.y);
@@ -715,16 +716,14 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kPolicy.ctas_per_sm)
   for (int b = cp.req_begin; b <= cp.req_end; ++b) {
     ml.b = b;
     const RequestPlan rq = p.ws.requests[b];
-#if defined(MLAKIT_WGMMA_ENABLED)
-    if constexpr (Tr::kUseWgmma)
-      WgmmaMainloop<Tr>{ml}.run(rq, piece_of(p.shape, rq, cta, per_cta));
-    else
-#endif
-      ml.run(rq, piece_of(p.shape, rq, cta, per_cta));
+    ml.run(rq, piece_of(p.shape, rq, cta, per_cta));
     block_sync();  // shared memory is reused by the next piece
+  }
   }
 }
 
 }  // namespace mlakit::detail
 
 #endif  // !MLAKIT_PLATFORM_NONE
+
+#include "decode_ws_sm90.hpp"

@@ -1,0 +1,158 @@
+#pragma once
+// Hopper (sm_90a) synchronisation building blocks of the warp-specialized mainloop:
+//   - mbarrier wrappers and a ring pipeline object with a phase-tracking state
+//     (producer_acquire / producer_commit / consumer_wait / consumer_release),
+//   - named barriers with an enum of the barrier ids the mainloop uses,
+//   - setmaxnreg (register hand-over from producer to consumer warpgroups),
+//   - the async-proxy fence, cp.async group waits and an L2 bulk prefetch.
+// PTX semantics follow the PTX ISA sections on mbarrier, bar.sync / bar.arrive, setmaxnreg,
+// fence.proxy.async and cp.async.bulk.prefetch. Only sm_90a device code emits instructions;
+// elsewhere the functions compile to nothing (the host never launches that kernel there).
+#include <cstdint>
+
+#include "../platform/intrinsics.hpp"
+#include "../platform/platform.hpp"
+#include "wgmma_sm90.hpp"
+
+#if defined(MLAKIT_PLATFORM_CUDA)
+
+namespace mlakit::arch {
+
+// ---- mbarrier ---------------------------------------------------------------------------------
+
+__device__ __forceinline__ void mbar_init(std::uint64_t* bar, int count) {
+#if defined(MLAKIT_WGMMA_ENABLED)
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(detail::smem_u32(bar)), "r"(count)
+               : "memory");
+#else
+  (void)bar, (void)count;
+#endif
+}
+
+// Makes barrier initialisation visible to the other threads (and to the async proxy).
+__device__ __forceinline__ void mbar_init_fence() {
+#if defined(MLAKIT_WGMMA_ENABLED)
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
+#if defined(MLAKIT_WGMMA_ENABLED)
+  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" ::"r"(
+                   detail::smem_u32(bar))
+               : "memory");
+#else
+  (void)bar;
+#endif
+}
+
+// Blocks until the phase of `bar` with parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t parity) {
+#if defined(MLAKIT_WGMMA_ENABLED)
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_LOOP:\n"
+      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_LOOP;\n"
+      "}\n" ::"r"(detail::smem_u32(bar)),
+      "r"(parity)
+      : "memory");
+#else
+  (void)bar, (void)parity;
+#endif
+}
+
+// Position in a ring of `Stages` stages: the stage index and the parity of its current use.
+template <int Stages>
+struct PipelineState {
+  std::uint32_t count = 0;  // uses of the ring so far (tiles produced or consumed)
+  __device__ int stage() const { return static_cast<int>(count % Stages); }
+  __device__ std::uint32_t phase() const { return (count / Stages) & 1u; }
+  __device__ void advance() { ++count; }
+};
+
+// A ring of `Stages` shared-memory stages, each split into `Parts` parts that become ready
+// one after the other (a KV tile arrives in 64-column chunks, so the matrix work on the first
+// chunk starts before the last one lands). `full[s][part]` completes when the producer
+// warpgroup has written that part (ProducerThreads arrivals); `empty[s]` completes when every
+// consumer thread has finished reading the stage (ConsumerThreads arrivals).
+template <int Stages, int Parts, int ProducerThreads, int ConsumerThreads>
+struct RingPipeline {
+  struct Storage {
+    std::uint64_t full[Stages][Parts];
+    std::uint64_t empty[Stages];
+  };
+  Storage& st;
+
+  // One thread initialises; the caller fences and synchronises the block afterwards.
+  __device__ static void init(Storage& s) {
+    for (int i = 0; i < Stages; ++i) {
+      for (int p = 0; p < Parts; ++p) mbar_init(&s.full[i][p], ProducerThreads);
+      mbar_init(&s.empty[i], ConsumerThreads);
+    }
+  }
+
+  // Producer: waits until every consumer released the stage of `ps` (its previous use). The
+  // first use of each stage passes at once: the parity waited for is the one before phase 0.
+  __device__ void producer_acquire(const PipelineState<Stages>& ps) const {
+    mbar_wait(&st.empty[ps.stage()], ps.phase() ^ 1u);
+  }
+  // Producer: this thread's writes of `part` are complete and fenced for the async proxy.
+  __device__ void producer_commit(const PipelineState<Stages>& ps, int part) const {
+    mbar_arrive(&st.full[ps.stage()][part]);
+  }
+  // Consumer: waits until `part` of the stage of `ps` holds the tile.
+  __device__ void consumer_wait(const PipelineState<Stages>& ps, int part) const {
+    mbar_wait(&st.full[ps.stage()][part], ps.phase());
+  }
+  // Consumer: this thread no longer reads the stage (its wgmma reads have completed).
+  __device__ void consumer_release(const PipelineState<Stages>& ps) const {
+    mbar_arrive(&st.empty[ps.stage()]);
+  }
+};
+
+// ---- named barriers -------------------------------------------------------------------------
+
+// Hardware barrier ids of the warp-specialized mainloop (0 is __syncthreads).
+enum class NamedBarrier : int {
+  consumers = 1,  // both consumer warpgroups (Q loaded, epilogue exchange, piece boundary)
+  p_ready_a = 2,  // warpgroup 0 published P and the row max of the even tile of a pair
+  p_ready_b = 3,  // warpgroup 1 published P and the row max of the odd tile of a pair
+  producer = 4,   // the producer warpgroup (in-place fp8 conversion steps)
+};
+
+__device__ __forceinline__ void named_sync(NamedBarrier id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(static_cast<int>(id)), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(NamedBarrier id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(static_cast<int>(id)), "r"(threads) : "memory");
+}
+
+// ---- registers, copies, prefetch ------------------------------------------------------------
+
+template <int Regs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+#if defined(MLAKIT_WGMMA_ENABLED)
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs));
+#endif
+}
+template <int Regs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+#if defined(MLAKIT_WGMMA_ENABLED)
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Regs));
+#endif
+}
+
+// Asks L2 to fetch [p, p + bytes) (bytes a multiple of 16, p 16-byte aligned).
+__device__ __forceinline__ void prefetch_l2(const void* p, int bytes) {
+#if defined(MLAKIT_WGMMA_ENABLED)
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+#else
+  (void)p, (void)bytes;
+#endif
+}
+
+}  // namespace mlakit::arch
+
+#endif  // MLAKIT_PLATFORM_CUDA

@@ -1,0 +1,613 @@
+#pragma once
+// Hopper warp-specialized mainloop of the 64-row policy (sm_90a device code only; on other
+// targets the host launches the mma.sync mainloop of decode_kernel.hpp for the same policy).
+//
+// 384 threads = three warpgroups:
+//   warpgroup 2, producer (40 registers): fetches KV tiles of 64 tokens into a ring of two
+//     stages [64 x 576] in the compute type (128-byte swizzle), one 64-column chunk at a time,
+//     each chunk signalled by its own mbarrier; L2 prefetch of the next tile. 16-bit KV of the
+//     compute type: cp.async straight into the stage. fp8 KV: cp.async of the raw bytes into
+//     the stage's upper half, then converted in place, chunk by chunk (the converted chunk c
+//     only overwrites raw chunks <= c). Other 16-bit KV: loaded, converted, stored.
+//   warpgroups 0 and 1, consumers (232 registers): the same 64 rows, O split by columns
+//     (warpgroup w owns O[:, 256w .. 256w + 256), 128 fp32 registers per thread). Tiles come in
+//     pairs (A = even, B = odd); warpgroup 0 computes S and the softmax of A, warpgroup 1 those
+//     of B, and both accumulate P V of both tiles for their columns:
+//
+//        warpgroup 0                          warpgroup 1
+//        S_A = Q K_A^T (wgmma SS, N = 64)     S_B = Q K_B^T (wgmma SS, N = 64)
+//        softmax A -> P_A (registers), sP     (waits: p_ready_a)
+//        arrive p_ready_a                     O *= alpha_A; O += sP V_A (SS)
+//        O *= alpha_A; O += P_A V_A (RS)      softmax B (behind its P V) -> P_B
+//        release A; (waits: p_ready_b)        release A; P_B -> sP; arrive p_ready_b
+//        O *= beta; O += sP V_B (SS)          O *= beta; O += P_B V_B (RS); release B
+//
+//     so one warpgroup's softmax overlaps the other's matrix work. The running max is shared
+//     through sRowMax (A's after warpgroup 0, B's after warpgroup 1), so both warpgroups scale
+//     O and l identically. One sP buffer serves both directions: each write happens after the
+//     writer's own wgmma reading the previous P has completed and after the barrier that
+//     publishes that P (see the comments in consume()).
+// A piece with an odd number of tiles gets one extra tile of zero-filled tokens, all masked.
+#include <cstdint>
+
+#include "../arch/convert.hpp"
+#include "../arch/copy_atom.hpp"
+#include "../arch/pipeline_sm90.hpp"
+#include "../arch/wgmma_sm90.hpp"
+#include "../core/attention_math.hpp"
+#include "../core/plan.hpp"
+#include "../platform/intrinsics.hpp"
+#include "smem_tile.hpp"
+#include "workspace.hpp"
+
+#if defined(MLAKIT_PLATFORM_CUDA)
+
+namespace mlakit::detail {
+
+template <class Tr>
+struct DecodeMainloop;
+
+// Shared memory of the warp-specialized mainloop: the tiles in dynamic shared memory (224 KB,
+// 1024-byte aligned for the 128-byte swizzle) and the small state in static shared memory
+// (2 KB). Only sm_90a code of the kernel declares the static part, so its size also tells the
+// host which code the runtime loaded (warpgroup_usable() in api/decode.hpp).
+struct WsSharedStorage {
+  static constexpr int kTileBytes = 9 * Swizzle128Tile<64>::kChunkBytes;  // [64 x 576] 16-bit
+  alignas(1024) unsigned char q[kTileBytes];      // Q [64 rows x 576], compute type
+  alignas(1024) unsigned char kv[2][kTileBytes];  // KV stages [64 tokens x 576]
+  alignas(1024) unsigned char p[64 * 64 * 2];     // P of one tile [64 rows x 64 keys], K-major
+};
+struct alignas(1024) WsStaticStorage {
+  using Pipeline = arch::RingPipeline<2, 9, 128, 256>;
+  float row_max[2][64];  // running max after tile A / tile B
+  float row_sum[2][64];  // epilogue: l of each consumer warpgroup
+  float q_scale[64];     // e4m3 operand mode: 2^-e of each Q row
+  Pipeline::Storage bars;
+};
+
+template <class Tr>
+struct WsMainloop {
+  using T = typename Tr::T;
+  using Tq = typename Tr::Tq;
+  using W = arch::Wgmma<T>;
+  using Copy = typename Tr::Copy;
+  using Tile = Swizzle128Tile<64>;
+  using Pipeline = WsStaticStorage::Pipeline;
+  using State = arch::PipelineState<2>;
+  static constexpr int kThreads = 384;
+  static constexpr int kConsumerThreads = 256;
+  static constexpr int kProducerThreads = 128;
+  static constexpr int kConsumerRegs = 232;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kChunkBytes = Tile::kChunkBytes;  // 64 tokens x 64 columns, 8 KB
+  static constexpr int kRawBytes = 64 * kHeadDimQK;      // raw fp8 tile
+  static constexpr int kRawOffset = WsSharedStorage::kTileBytes - kRawBytes;  // upper half
+  static_assert(Tr::kRows == 64, "the warp-specialized mainloop serves 64-row tiles");
+  static_assert(sizeof(WsSharedStorage) + sizeof(WsStaticStorage) <= 232448,
+                "fits the 227 KB of an sm_90 block");
+
+  DecodeMainloop<Tr>& m;
+  WsSharedStorage& ss;
+  WsStaticStorage& sv;
+
+  // ---- the piece a CTA works on ----------------------------------------------------------
+  struct Range {
+    int kv_begin, kv_end;  // tokens [kv_begin, kv_end) the piece reads (after causal clip)
+    int n_pairs;           // pairs of 64-token tiles (the last tile may be padding)
+  };
+  __device__ Range range(const RequestPlan& rq, const Piece& pc) const {
+    const int last_row = (m.row0 + 64 < m.rows ? m.row0 + 64 : m.rows) - 1;
+    const int vis_last = visible_keys(rq.kv_len, m.q_len, last_row / m.heads, m.causal);
+    Range r;
+    r.kv_begin = pc.kv_begin;
+    r.kv_end = pc.kv_end < vis_last ? pc.kv_end : vis_last;
+    const int tiles = r.kv_end > r.kv_begin ? (r.kv_end - r.kv_begin + 63) / 64 : 0;
+    r.n_pairs = (tiles + 1) / 2;
+    return r;
+  }
+
+  // ---- producer warpgroup ------------------------------------------------------------------
+  __device__ void produce(const Range& r, State& st) const {
+    const Pipeline pipe{sv.bars};
+    const int tid = static_cast<int>(threadIdx.x) - kConsumerThreads;  // 0..127
+    const int n_tiles = 2 * r.n_pairs;
+    const int row_bytes = kHeadDimQK * m.kv_bytes;
+    for (int i = 0; i < n_tiles; ++i, st.advance()) {
+      const int kt = r.kv_begin + 64 * i;
+      // Tile i + 1 into L2 while this one waits for its stage.
+      if (tid < 64 && kt + 64 + tid < r.kv_end) arch::prefetch_l2(m.kv_row(kt + 64 + tid), row_bytes);
+      pipe.producer_acquire(st);
+      unsigned char* stage = ss.kv[st.stage()];
+      if constexpr (Tr::kDirect)
+        load_direct(stage, kt, r.kv_end, pipe, st, tid);
+      else if (m.kv_bytes == 1)
+        load_fp8(stage, kt, r.kv_end, pipe, st, tid);
+      else
+        load_convert16(stage, kt, r.kv_end, pipe, st, tid);
+    }
+  }
+
+  // KV of the compute type: 8 threads per token (128 contiguous bytes per copy instruction),
+  // 16 tokens per pass; every chunk is one cp.async group, signalled as soon as it lands.
+  __device__ void load_direct(unsigned char* stage, int kt, int kv_end, const Pipeline& pipe,
+                              const State& st, int tid) const {
+    const unsigned char* src[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int j = kt + tid / 8 + 16 * k;
+      src[k] = j < kv_end ? m.kv_row(j) : nullptr;
+    }
+#pragma unroll 1
+    for (int c = 0; c < 9; ++c) {
+      const int unit = 8 * c + tid % 8;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int tok = tid / 8 + 16 * k;
+        const unsigned char* s =
+            src[k] != nullptr ? src[k] + unit * 16 : static_cast<const unsigned char*>(m.p.a.kv);
+        Copy::copy16(stage + Tile::unit_offset(tok, unit), s, src[k] != nullptr);
+      }
+      Copy::commit();
+    }
+    signal_groups(pipe, st);
+  }
+
+  // Waits for the copy groups chunk by chunk (oldest first) and signals each chunk.
+  __device__ static void signal_groups(const Pipeline& pipe, const State& st) {
+    signal_one<8>(pipe, st, 0);
+    signal_one<7>(pipe, st, 1);
+    signal_one<6>(pipe, st, 2);
+    signal_one<5>(pipe, st, 3);
+    signal_one<4>(pipe, st, 4);
+    signal_one<3>(pipe, st, 5);
+    signal_one<2>(pipe, st, 6);
+    signal_one<1>(pipe, st, 7);
+    signal_one<0>(pipe, st, 8);
+  }
+  template <int Pending>
+  __device__ static void signal_one(const Pipeline& pipe, const State& st, int chunk) {
+    Copy::template wait<Pending>();
+    arch::fence_proxy_async_smem();  // generic-proxy writes -> wgmma (async proxy) reads
+    pipe.producer_commit(st, chunk);
+  }
+
+  // fp8 KV: raw bytes into the upper half of the stage (4 threads per token, 64 contiguous
+  // bytes per copy instruction), laid out as [chunk c][token][64 B]; then, chunk by chunk,
+  // every thread reads its 32 raw bytes, the warpgroup synchronises (chunk 8's output
+  // overlaps its own input), and the 16-bit values go to the swizzled tile.
+  __device__ void load_fp8(unsigned char* stage, int kt, int kv_end, const Pipeline& pipe,
+                           const State& st, int tid) const {
+    unsigned char* raw = stage + kRawOffset;
+    const int sub = tid % 4;
+#pragma unroll
+    for (int pass = 0; pass < 2; ++pass) {
+      const int tok = tid / 4 + 32 * pass;
+      const int j = kt + tok;
+      const bool valid = j < kv_end;
+      const unsigned char* src = valid ? m.kv_row(j) : static_cast<const unsigned char*>(m.p.a.kv);
+#pragma unroll
+      for (int c = 0; c < 9; ++c)
+        Copy::copy16(raw + c * 4096 + tok * 64 + sub * 16, src + (valid ? (4 * c + sub) * 16 : 0),
+                     valid);
+    }
+    Copy::commit();
+    Copy::template wait<0>();
+    arch::named_sync(arch::NamedBarrier::producer, kProducerThreads);
+#pragma unroll 1
+    for (int c = 0; c < 9; ++c) {
+      uint4 in[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        in[h] = *reinterpret_cast<const uint4*>(raw + c * 4096 + (tid + 128 * h) * 16);
+      arch::named_sync(arch::NamedBarrier::producer, kProducerThreads);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int idx = tid + 128 * h, tok = idx / 4, q = idx % 4;
+        uint4 lo, hi;
+        if constexpr (Tr::kFp8Operands) {  // e4m3fn -> f16 through the hardware converter
+          const std::uint32_t w[4] = {in[h].x, in[h].y, in[h].z, in[h].w};
+          std::uint32_t o[8];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            o[2 * k] = arch::MmaAtom<T>::e4m3x2_to_f16x2(w[k] & 0xFFFFu);
+            o[2 * k + 1] = arch::MmaAtom<T>::e4m3x2_to_f16x2(w[k] >> 16);
+          }
+          lo = uint4{o[0], o[1], o[2], o[3]};
+          hi = uint4{o[4], o[5], o[6], o[7]};
+        } else {
+          arch::convert_fp8x16<T>(m.kv, in[h], lo, hi);
+        }
+        *reinterpret_cast<uint4*>(stage + Tile::unit_offset(tok, 8 * c + 2 * q)) = lo;
+        *reinterpret_cast<uint4*>(stage + Tile::unit_offset(tok, 8 * c + 2 * q + 1)) = hi;
+      }
+      arch::fence_proxy_async_smem();
+      pipe.producer_commit(st, c);
+    }
+  }
+
+  // 16-bit KV of the other type: load, convert, store, chunk by chunk.
+  __device__ void load_convert16(unsigned char* stage, int kt, int kv_end, const Pipeline& pipe,
+                                 const State& st, int tid) const {
+#pragma unroll 1
+    for (int c = 0; c < 9; ++c) {
+      const int unit = 8 * c + tid % 8;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int tok = tid / 8 + 16 * k;
+        const int j = kt + tok;
+        const uint4 raw = j < kv_end ? __ldg(reinterpret_cast<const uint4*>(m.kv_row(j)) + unit)
+                                     : uint4{0, 0, 0, 0};
+        *reinterpret_cast<uint4*>(stage + Tile::unit_offset(tok, unit)) =
+            arch::convert_16x8<T>(m.kv, raw);
+      }
+      arch::fence_proxy_async_smem();
+      pipe.producer_commit(st, c);
+    }
+  }
+
+  // ---- consumer warpgroups -----------------------------------------------------------------
+
+  // Q [64 x 576] into sQ (both consumer warpgroups).
+  __device__ void load_q() const {
+    unsigned char* q = ss.q;
+    if constexpr (Tr::kFp8Operands) {
+      m.template load_q_scaled<kConsumerThreads>(
+          [&](int r, int blk, const std::uint32_t(&w)[8]) {
+            *reinterpret_cast<uint4*>(q + Tile::unit_offset(r, 2 * blk)) =
+                uint4{w[0], w[1], w[2], w[3]};
+            *reinterpret_cast<uint4*>(q + Tile::unit_offset(r, 2 * blk + 1)) =
+                uint4{w[4], w[5], w[6], w[7]};
+          },
+          sv.q_scale);
+    } else {
+      constexpr int kUnits = kHeadDimQK / 8;
+      const DecodeArgs& a = m.p.a;
+      for (int c = threadIdx.x; c < 64 * kUnits; c += kConsumerThreads) {
+        const int r = c / kUnits, u = c % kUnits;
+        const int row = m.row0 + r;
+        const bool valid = row < m.rows;
+        const Tq* src = static_cast<const Tq*>(a.q);
+        if (valid) {
+          const int t = row / m.heads, h = row - t * m.heads;
+          src += m.b * a.q_stride_batch + t * a.q_stride_token + h * a.q_stride_head + u * 8;
+        }
+        Copy::copy16(q + Tile::unit_offset(r, u), src, valid);
+      }
+      Copy::commit();
+      Copy::template wait<0>();
+    }
+    arch::fence_proxy_async_smem();
+  }
+
+  // Issues S = Q K^T (64 rows x 64 keys over 576) for the tile of `st`, waiting for each
+  // 64-column chunk of K right before its four k-steps.
+  __device__ void issue_s(float (&s)[32], const State& st) const {
+    const Pipeline pipe{sv.bars};
+    const std::uint32_t q_addr = smem_u32(ss.q), kv_addr = smem_u32(ss.kv[st.stage()]);
+    arch::wgmma_fence();
+#pragma unroll
+    for (int c = 0; c < 9; ++c) {
+      pipe.consumer_wait(st, c);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const std::uint32_t off = c * kChunkBytes + k * 32;
+        W::mma_ss_n64(s, arch::wgmma_desc(q_addr + off, 16, 1024),
+                      arch::wgmma_desc(kv_addr + off, 16, 1024), c + k > 0);
+      }
+    }
+    arch::wgmma_commit();
+  }
+
+  // O[:, 256 wg ..] += P V for the tile of `st`, P from registers (this warpgroup's tile).
+  __device__ static void issue_pv_regs(float (&o)[128], const std::uint32_t (&pf)[16],
+                                       std::uint32_t kv_addr, int wg) {
+    arch::wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const std::uint32_t a[4] = {pf[4 * j], pf[4 * j + 1], pf[4 * j + 2], pf[4 * j + 3]};
+      W::mma_rs_n256_tb(
+          o, a, arch::wgmma_desc(kv_addr + 4 * wg * kChunkBytes + j * 2048, kChunkBytes, 1024),
+          true);
+    }
+    arch::wgmma_commit();
+  }
+  // The same with P from sP (the other warpgroup's tile).
+  __device__ void issue_pv_smem(float (&o)[128], std::uint32_t kv_addr, int wg) const {
+    const std::uint32_t p_addr = smem_u32(ss.p);
+    arch::wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      W::mma_ss_n256_tb(
+          o, arch::wgmma_desc(p_addr + j * 32, 16, 1024),
+          arch::wgmma_desc(kv_addr + 4 * wg * kChunkBytes + j * 2048, kChunkBytes, 1024), true);
+    arch::wgmma_commit();
+  }
+
+  // Online softmax of one tile's scores. s[i]: row slot h = (i >> 1) & 1 (rows g, g + 8 of
+  // the warp's 16), key 8 (i >> 2) + 2t + (i & 1). Updates m_run and l_run, returns the
+  // factor alpha that rescales the earlier O and writes P (compute type) to pf: pf[k] holds
+  // keys of s[2k], s[2k + 1], which is the wgmma A fragment of k-step k / 4.
+  struct Softmax {
+    float m_run[2], l_run[2], sc[2];
+    int row_limit[2];
+  };
+  __device__ static void softmax(const float (&s)[32], int kt, bool need_mask, int t, Softmax& sm,
+                                 float (&alpha)[2], std::uint32_t (&pf)[16]) {
+    float x[32], mt[2] = {neg_inf(), neg_inf()};
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int h = (i >> 1) & 1;
+      x[i] = s[i] * sm.sc[h];
+      if (need_mask) {
+        const int key = kt + 8 * (i >> 2) + 2 * t + (i & 1);
+        if (key >= sm.row_limit[h]) x[i] = neg_inf();
+      }
+      mt[h] = fmaxf(mt[h], x[i]);
+    }
+    float m_use[2], lsum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mt[h] = fmaxf(mt[h], shfl_xor(mt[h], 1));
+      mt[h] = fmaxf(mt[h], shfl_xor(mt[h], 2));
+      const float m_new = fmaxf(sm.m_run[h], mt[h]);
+      // A row with no visible key so far keeps m = -inf; exponentiate against 0 instead.
+      m_use[h] = m_new == neg_inf() ? 0.0f : m_new;
+      alpha[h] = fast_exp2(sm.m_run[h] - m_use[h]);
+      sm.m_run[h] = m_new;
+    }
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
+      const int h = k & 1;
+      const float p0 = fast_exp2(x[2 * k] - m_use[h]), p1 = fast_exp2(x[2 * k + 1] - m_use[h]);
+      lsum[h] += p0 + p1;
+      pf[k] = arch::pack2<T>(p0, p1);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) sm.l_run[h] = sm.l_run[h] * alpha[h] + lsum[h];
+  }
+
+  // Rescales to the running max published by the other warpgroup (m_other >= m_run).
+  __device__ static void adopt_max(Softmax& sm, const float (&m_other)[2], float (&f)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float m_use = m_other[h] == neg_inf() ? 0.0f : m_other[h];
+      f[h] = fast_exp2(sm.m_run[h] - m_use);
+      sm.l_run[h] *= f[h];
+      sm.m_run[h] = m_other[h];
+    }
+  }
+
+  __device__ static void scale_o(float (&o)[128], const float (&f)[2]) {
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] *= f[(i >> 1) & 1];
+  }
+
+  // P (registers) -> sP, a K-major [64 x 64] tile with the 128-byte swizzle.
+  __device__ void store_p(const std::uint32_t (&pf)[16], int wi, int g, int t) const {
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
+      const int r = 16 * wi + g + 8 * (k & 1), key = 8 * (k >> 1) + 2 * t;
+      *reinterpret_cast<std::uint32_t*>(ss.p + r * 128 + (((key >> 3) ^ (r & 7)) << 4) +
+                                        (key & 7) * 2) = pf[k];
+    }
+  }
+
+  __device__ void consume(const RequestPlan& rq, const Piece& pc, const Range& r, State& st) {
+    const Pipeline pipe{sv.bars};
+    const int lane = lane_id(), warp = warp_id();
+    const int wg = warp / 4, wi = warp % 4;
+    const int g = lane >> 2, t = lane & 3;
+    const int L = rq.kv_len;
+    const int vis_first = visible_keys(L, m.q_len, m.row0 / m.heads, m.causal);
+    const int mask_from = r.kv_end < vis_first ? r.kv_end : vis_first;
+
+    Softmax sm;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      sm.m_run[h] = neg_inf();
+      sm.l_run[h] = 0.0f;
+      sm.sc[h] = m.p.scale_log2;
+      const int row = m.row0 + 16 * wi + g + 8 * h;
+      const int v = visible_keys(L, m.q_len, row / m.heads, m.causal);
+      sm.row_limit[h] = v < r.kv_end ? v : r.kv_end;
+    }
+    float o[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+
+    if (r.n_pairs > 0) {
+      load_q();
+      arch::named_sync(arch::NamedBarrier::consumers, kConsumerThreads);  // sQ complete
+      if constexpr (Tr::kFp8Operands) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) sm.sc[h] *= sv.q_scale[16 * wi + g + 8 * h];
+      }
+      float s[32];
+      std::uint32_t pf[16];
+      for (int pair = 0; pair < r.n_pairs; ++pair) {
+        State st_a = st;
+        st.advance();
+        State st_b = st;
+        st.advance();
+        const int kt_a = r.kv_begin + 128 * pair, kt_b = kt_a + 64;
+        const std::uint32_t kv_a = smem_u32(ss.kv[st_a.stage()]);
+        const std::uint32_t kv_b = smem_u32(ss.kv[st_b.stage()]);
+        float f[2];
+        if (wg == 0) {
+          issue_s(s, st_a);
+          // Also completes P V of the previous pair's tile B (this warpgroup's last use of
+          // that stage and of sP, which this warpgroup now rewrites).
+          arch::wgmma_wait<0>();
+          if (pair > 0) {
+            State prev = st_a;
+            prev.count -= 1;
+            pipe.consumer_release(prev);
+          }
+          softmax(s, kt_a, kt_a + 64 > mask_from, t, sm, f, pf);
+          // Warpgroup 1 read the previous P in sP before publishing its own (p_ready_b).
+          store_p(pf, wi, g, t);
+          if (t == 0) {
+            sv.row_max[0][16 * wi + g] = sm.m_run[0];
+            sv.row_max[0][16 * wi + g + 8] = sm.m_run[1];
+          }
+          arch::fence_proxy_async_smem();
+          arch::named_arrive(arch::NamedBarrier::p_ready_a, kConsumerThreads);
+          scale_o(o, f);
+          issue_pv_regs(o, pf, kv_a, 0);
+          arch::wgmma_wait<0>();
+          pipe.consumer_release(st_a);
+          arch::named_sync(arch::NamedBarrier::p_ready_b, kConsumerThreads);
+          const float mb[2] = {sv.row_max[1][16 * wi + g], sv.row_max[1][16 * wi + g + 8]};
+          adopt_max(sm, mb, f);
+          scale_o(o, f);
+          issue_pv_smem(o, kv_b, 0);
+        } else {
+          issue_s(s, st_b);
+          arch::named_sync(arch::NamedBarrier::p_ready_a, kConsumerThreads);
+          const float ma[2] = {sv.row_max[0][16 * wi + g], sv.row_max[0][16 * wi + g + 8]};
+          adopt_max(sm, ma, f);
+          scale_o(o, f);  // P V of the previous tile B completed at the end of that pair
+          issue_pv_smem(o, kv_a, 1);
+          arch::wgmma_wait<1>();  // S_B (P V of A still running)
+          softmax(s, kt_b, kt_b + 64 > mask_from, t, sm, f, pf);
+          arch::wgmma_wait<0>();  // P V of A: sP and stage A are free
+          pipe.consumer_release(st_a);
+          store_p(pf, wi, g, t);
+          if (t == 0) {
+            sv.row_max[1][16 * wi + g] = sm.m_run[0];
+            sv.row_max[1][16 * wi + g + 8] = sm.m_run[1];
+          }
+          arch::fence_proxy_async_smem();
+          arch::named_arrive(arch::NamedBarrier::p_ready_b, kConsumerThreads);
+          scale_o(o, f);
+          issue_pv_regs(o, pf, kv_b, 1);
+          arch::wgmma_wait<0>();
+          pipe.consumer_release(st_b);
+        }
+      }
+      if (wg == 0) {
+        arch::wgmma_wait<0>();
+        State prev = st;
+        prev.count -= 1;
+        pipe.consumer_release(prev);
+      }
+    }
+    epilogue(pc, sm, o, wg, wi, g, t);
+  }
+
+  __device__ void epilogue(const Piece& pc, const Softmax& sm, const float (&o)[128], int wg,
+                           int wi, int g, int t) const {
+    const DecodeArgs& a = m.p.a;
+    float inv[2], lse[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l = sm.l_run[h];
+      l += shfl_xor(l, 1);
+      l += shfl_xor(l, 2);
+      if (t == 0) sv.row_sum[wg][16 * wi + g + 8 * h] = l;
+    }
+    arch::named_sync(arch::NamedBarrier::consumers, kConsumerThreads);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = 16 * wi + g + 8 * h;
+      const float l = sv.row_sum[0][r] + sv.row_sum[1][r];
+      inv[h] = l > 0.0f ? m.p.out_scale / l : 0.0f;
+      lse[h] = lse_from_state(sm.m_run[h], l);
+    }
+    const bool split = pc.partial_slot >= 0;
+#pragma unroll
+    for (int i = 0; i < 128; i += 2) {
+      const int h = (i >> 1) & 1;
+      const int row = m.row0 + 16 * wi + g + 8 * h;
+      if (row >= m.rows) continue;
+      const int col = 256 * wg + 8 * (i >> 2) + 2 * t;
+      const float v0 = o[i] * inv[h], v1 = o[i + 1] * inv[h];
+      if (split) {
+        float* dst = m.p.ws.partial_o +
+                     (std::int64_t(pc.partial_slot) * m.p.ws.rows_padded + row) * kHeadDimV + col;
+        *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
+      } else {
+        const int tk = row / m.heads, hd = row - tk * m.heads;
+        Tq* dst = static_cast<Tq*>(a.out) + m.b * a.o_stride_batch + tk * a.o_stride_token +
+                  hd * a.o_stride_head + col;
+        *reinterpret_cast<std::uint32_t*>(dst) = arch::pack2<Tq>(v0, v1);
+      }
+    }
+    if (wg == 0 && t == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = m.row0 + 16 * wi + g + 8 * h;
+        if (row >= m.rows) continue;
+        if (split) {
+          m.p.ws.partial_lse[std::int64_t(pc.partial_slot) * m.p.ws.rows_padded + row] = lse[h];
+        } else if (a.lse != nullptr) {
+          const int tk = row / m.heads, hd = row - tk * m.heads;
+          a.lse[m.b * a.lse_stride_batch + tk * a.lse_stride_token + hd * a.lse_stride_head] =
+              lse[h];
+        }
+      }
+    }
+    // sQ, sP and row_sum are rewritten by the next piece only after every consumer is here.
+    arch::named_sync(arch::NamedBarrier::consumers, kConsumerThreads);
+  }
+};
+
+// The kernel of the warp-specialized mainloop: same grid, plan and workspace as
+// decode_kernel<Tr>; 384 threads, one CTA per SM.
+template <class Tr>
+__global__ void __launch_bounds__(384, 1) decode_kernel_ws(const KernelArgs p) {
+#if defined(MLAKIT_WGMMA_ENABLED)
+  extern __shared__ __align__(1024) unsigned char smem[];
+  __shared__ WsStaticStorage sv;
+  WsSharedStorage& ss = *reinterpret_cast<WsSharedStorage*>(smem);
+  using ML = WsMainloop<Tr>;
+  const int row_tile = static_cast<int>(blockIdx.x);
+  const int cta = static_cast<int>(blockIdx.y);
+  const CtaPlan cp = p.ws.ctas[cta];
+  const int per_cta = p.ws.header[1];
+  DecodeMainloop<Tr> dm{p,
+                        smem,
+                        0,
+                        row_tile,
+                        Tr::heads(p.a),
+                        Tr::q_len(p.a),
+                        0,
+                        0,
+                        Tr::causal(p.a),
+                        Tr::kv_dtype(p.a),
+                        0};
+  dm.rows = dm.heads * dm.q_len;
+  dm.row0 = row_tile * Tr::kRows;
+  dm.kv_bytes = static_cast<int>(dtype_bytes(dm.kv));
+  if (dm.row0 >= dm.rows) return;
+  if (threadIdx.x == 0) {
+    ML::Pipeline::init(sv.bars);
+    arch::mbar_init_fence();
+  }
+  __syncthreads();
+  ML ml{dm, ss, sv};
+  typename ML::State st;
+  if (threadIdx.x >= ML::kConsumerThreads) {
+    arch::setmaxnreg_dec<ML::kProducerRegs>();
+    for (int b = cp.req_begin; b <= cp.req_end; ++b) {
+      dm.b = b;
+      const RequestPlan rq = p.ws.requests[b];
+      ml.produce(ml.range(rq, piece_of(p.shape, rq, cta, per_cta)), st);
+    }
+  } else {
+    arch::setmaxnreg_inc<ML::kConsumerRegs>();
+    for (int b = cp.req_begin; b <= cp.req_end; ++b) {
+      dm.b = b;
+      const RequestPlan rq = p.ws.requests[b];
+      const Piece pc = piece_of(p.shape, rq, cta, per_cta);
+      ml.consume(rq, pc, ml.range(rq, pc), st);
+    }
+  }
+#else
+  (void)p;
+#endif
+}
+
+}  // namespace mlakit::detail
+
+#endif  // MLAKIT_PLATFORM_CUDA
