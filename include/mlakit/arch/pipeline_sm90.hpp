@@ -72,31 +72,35 @@ struct PipelineState {
   __device__ void advance() { ++count; }
 };
 
-// A ring of `Stages` shared-memory stages, each split into `Parts` parts that become ready
-// one after the other (a KV tile arrives in 64-column chunks, so the matrix work on the first
-// chunk starts before the last one lands). `full[s][part]` completes when the producer
-// warpgroup has written that part (ProducerThreads arrivals); `empty[s]` completes when every
-// consumer thread has finished reading the stage (ConsumerThreads arrivals).
-template <int Stages, int Parts, int ProducerThreads, int ConsumerThreads>
+// A ring of `Stages` shared-memory stages. Each stage is filled in `Parts` parts that become
+// ready one after the other (a KV tile arrives in 64-column chunks, so the matrix work on the
+// first chunk starts before the last one lands): `full[s][part]` completes when all
+// ProducerThreads producer threads have written that part. Each stage is released in `Groups`
+// groups of parts (e.g. the V columns one consumer warpgroup reads, the rest): `empty[s][g]`
+// completes when the consumers that read group g of the stage are done with it; how many
+// arrivals that takes is given per stage and group at init. Every consumer arrives only after
+// reading the data of that use, so no arrival can count towards a later use.
+template <int Stages, int Parts, int Groups, int ProducerThreads>
 struct RingPipeline {
   struct Storage {
     std::uint64_t full[Stages][Parts];
-    std::uint64_t empty[Stages];
+    std::uint64_t empty[Stages][Groups];
   };
   Storage& st;
 
   // One thread initialises; the caller fences and synchronises the block afterwards.
-  __device__ static void init(Storage& s) {
+  __device__ static void init(Storage& s, const int (&consumers)[Stages][Groups]) {
     for (int i = 0; i < Stages; ++i) {
       for (int p = 0; p < Parts; ++p) mbar_init(&s.full[i][p], ProducerThreads);
-      mbar_init(&s.empty[i], ConsumerThreads);
+      for (int g = 0; g < Groups; ++g) mbar_init(&s.empty[i][g], consumers[i][g]);
     }
   }
 
-  // Producer: waits until every consumer released the stage of `ps` (its previous use). The
-  // first use of each stage passes at once: the parity waited for is the one before phase 0.
-  __device__ void producer_acquire(const PipelineState<Stages>& ps) const {
-    mbar_wait(&st.empty[ps.stage()], ps.phase() ^ 1u);
+  // Producer: waits until group `g` of the stage of `ps` was released after its previous use.
+  // The first use of each stage passes at once: the parity waited for is the one before
+  // phase 0.
+  __device__ void producer_acquire(const PipelineState<Stages>& ps, int g) const {
+    mbar_wait(&st.empty[ps.stage()][g], ps.phase() ^ 1u);
   }
   // Producer: this thread's writes of `part` are complete and fenced for the async proxy.
   __device__ void producer_commit(const PipelineState<Stages>& ps, int part) const {
@@ -106,9 +110,9 @@ struct RingPipeline {
   __device__ void consumer_wait(const PipelineState<Stages>& ps, int part) const {
     mbar_wait(&st.full[ps.stage()][part], ps.phase());
   }
-  // Consumer: this thread no longer reads the stage (its wgmma reads have completed).
-  __device__ void consumer_release(const PipelineState<Stages>& ps) const {
-    mbar_arrive(&st.empty[ps.stage()]);
+  // Consumer: this thread no longer reads group `g` of the stage (its wgmma reads completed).
+  __device__ void consumer_release(const PipelineState<Stages>& ps, int g) const {
+    mbar_arrive(&st.empty[ps.stage()][g]);
   }
 };
 

@@ -5,10 +5,13 @@
 // 384 threads = three warpgroups:
 //   warpgroup 2, producer (40 registers): fetches KV tiles of 64 tokens into a ring of two
 //     stages [64 x 576] in the compute type (128-byte swizzle), one 64-column chunk at a time,
-//     each chunk signalled by its own mbarrier; L2 prefetch of the next tile. 16-bit KV of the
-//     compute type: cp.async straight into the stage. fp8 KV: cp.async of the raw bytes into
-//     the stage's upper half, then converted in place, chunk by chunk (the converted chunk c
-//     only overwrites raw chunks <= c). Other 16-bit KV: loaded, converted, stored.
+//     each chunk signalled by its own mbarrier; L2 prefetch of the next tile. A stage is
+//     refilled in two halves, released separately: "lo" = chunks 0-3 (V columns 0..255) and
+//     "hi" = chunks 4-8, so the half a warpgroup has finished with reloads while the other
+//     half is still read. 16-bit KV of the compute type: cp.async straight into the stage.
+//     fp8 KV: cp.async of a half's raw bytes into the top of that half, then converted in
+//     place chunk by chunk (converted chunk c only overwrites raw chunks <= c). Other 16-bit
+//     KV: loaded, converted, stored.
 //   warpgroups 0 and 1, consumers (232 registers): the same 64 rows, O split by columns
 //     (warpgroup w owns O[:, 256w .. 256w + 256), 128 fp32 registers per thread). Tiles come in
 //     pairs (A = even, B = odd); warpgroup 0 computes S and the softmax of A, warpgroup 1 those
@@ -22,7 +25,10 @@
 //        release A; (waits: p_ready_b)        release A; P_B -> sP; arrive p_ready_b
 //        O *= beta; O += sP V_B (SS)          O *= beta; O += P_B V_B (RS); release B
 //
-//     so one warpgroup's softmax overlaps the other's matrix work. The running max is shared
+//     so one warpgroup's softmax overlaps the other's matrix work. Tile A always sits in stage
+//     0 and tile B in stage 1. Releases: A-lo by warpgroup 0 after P V of A; A-hi by both (0
+//     after S_A, 1 after P V of A); B-lo by both (1 after S_B, 0 after P V of B); B-hi by
+//     warpgroup 1 after P V of B. The running max is shared
 //     through sRowMax (A's after warpgroup 0, B's after warpgroup 1), so both warpgroups scale
 //     O and l identically. One sP buffer serves both directions: each write happens after the
 //     writer's own wgmma reading the previous P has completed and after the barrier that
@@ -58,7 +64,7 @@ struct WsSharedStorage {
   alignas(1024) unsigned char p[64 * 64 * 2];     // P of one tile [64 rows x 64 keys], K-major
 };
 struct alignas(1024) WsStaticStorage {
-  using Pipeline = arch::RingPipeline<2, 9, 128, 256>;
+  using Pipeline = arch::RingPipeline<2, 9, 2, 128>;
   float row_max[2][64];  // running max after tile A / tile B
   float row_sum[2][64];  // epilogue: l of each consumer warpgroup
   float q_scale[64];     // e4m3 operand mode: 2^-e of each Q row
@@ -80,8 +86,7 @@ struct WsMainloop {
   static constexpr int kConsumerRegs = 232;
   static constexpr int kProducerRegs = 40;
   static constexpr int kChunkBytes = Tile::kChunkBytes;  // 64 tokens x 64 columns, 8 KB
-  static constexpr int kRawBytes = 64 * kHeadDimQK;      // raw fp8 tile
-  static constexpr int kRawOffset = WsSharedStorage::kTileBytes - kRawBytes;  // upper half
+  static constexpr int kLo = 0, kHi = 1;                 // release groups: chunks 0-3, 4-8
   static_assert(Tr::kRows == 64, "the warp-specialized mainloop serves 64-row tiles");
   static_assert(sizeof(WsSharedStorage) + sizeof(WsStaticStorage) <= 232448,
                 "fits the 227 KB of an sm_90 block");
@@ -116,19 +121,29 @@ struct WsMainloop {
       const int kt = r.kv_begin + 64 * i;
       // Tile i + 1 into L2 while this one waits for its stage.
       if (tid < 64 && kt + 64 + tid < r.kv_end) arch::prefetch_l2(m.kv_row(kt + 64 + tid), row_bytes);
-      pipe.producer_acquire(st);
       unsigned char* stage = ss.kv[st.stage()];
-      if constexpr (Tr::kDirect)
-        load_direct(stage, kt, r.kv_end, pipe, st, tid);
-      else if (m.kv_bytes == 1)
-        load_fp8(stage, kt, r.kv_end, pipe, st, tid);
-      else
-        load_convert16(stage, kt, r.kv_end, pipe, st, tid);
+      pipe.producer_acquire(st, kLo);
+      load_chunks<0, 4>(stage, kt, r.kv_end, pipe, st, tid);
+      pipe.producer_acquire(st, kHi);
+      load_chunks<4, 9>(stage, kt, r.kv_end, pipe, st, tid);
     }
   }
 
-  // KV of the compute type: 8 threads per token (128 contiguous bytes per copy instruction),
-  // 16 tokens per pass; every chunk is one cp.async group, signalled as soon as it lands.
+  template <int C0, int C1>
+  __device__ void load_chunks(unsigned char* stage, int kt, int kv_end, const Pipeline& pipe,
+                              const State& st, int tid) const {
+    if constexpr (Tr::kDirect)
+      load_direct<C0, C1>(stage, kt, kv_end, pipe, st, tid);
+    else if (m.kv_bytes == 1)
+      load_fp8<C0, C1>(stage, kt, kv_end, pipe, st, tid);
+    else
+      load_convert16<C0, C1>(stage, kt, kv_end, pipe, st, tid);
+  }
+
+  // KV of the compute type, chunks [C0, C1): 8 threads per token (128 contiguous bytes per
+  // copy instruction), 16 tokens per pass; every chunk is one cp.async group, signalled as
+  // soon as it lands.
+  template <int C0, int C1>
   __device__ void load_direct(unsigned char* stage, int kt, int kv_end, const Pipeline& pipe,
                               const State& st, int tid) const {
     const unsigned char* src[4];
@@ -138,7 +153,7 @@ struct WsMainloop {
       src[k] = j < kv_end ? m.kv_row(j) : nullptr;
     }
 #pragma unroll 1
-    for (int c = 0; c < 9; ++c) {
+    for (int c = C0; c < C1; ++c) {
       const int unit = 8 * c + tid % 8;
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
@@ -149,56 +164,50 @@ struct WsMainloop {
       }
       Copy::commit();
     }
-    signal_groups(pipe, st);
+    // Oldest group first: chunk C0 + i is complete once at most C1 - C0 - 1 - i are pending.
+    signal<C0, C1 - C0 - 1>(pipe, st);
   }
-
-  // Waits for the copy groups chunk by chunk (oldest first) and signals each chunk.
-  __device__ static void signal_groups(const Pipeline& pipe, const State& st) {
-    signal_one<8>(pipe, st, 0);
-    signal_one<7>(pipe, st, 1);
-    signal_one<6>(pipe, st, 2);
-    signal_one<5>(pipe, st, 3);
-    signal_one<4>(pipe, st, 4);
-    signal_one<3>(pipe, st, 5);
-    signal_one<2>(pipe, st, 6);
-    signal_one<1>(pipe, st, 7);
-    signal_one<0>(pipe, st, 8);
-  }
-  template <int Pending>
-  __device__ static void signal_one(const Pipeline& pipe, const State& st, int chunk) {
+  template <int C, int Pending>
+  __device__ static void signal(const Pipeline& pipe, const State& st) {
     Copy::template wait<Pending>();
     arch::fence_proxy_async_smem();  // generic-proxy writes -> wgmma (async proxy) reads
-    pipe.producer_commit(st, chunk);
+    pipe.producer_commit(st, C);
+    if constexpr (Pending > 0) signal<C + 1, Pending - 1>(pipe, st);
   }
 
-  // fp8 KV: raw bytes into the upper half of the stage (4 threads per token, 64 contiguous
-  // bytes per copy instruction), laid out as [chunk c][token][64 B]; then, chunk by chunk,
-  // every thread reads its 32 raw bytes, the warpgroup synchronises (chunk 8's output
-  // overlaps its own input), and the 16-bit values go to the swizzled tile.
+  // fp8 KV, chunks [C0, C1): the raw bytes go to the top of the half's converted region
+  // (4 threads per token, 64 contiguous bytes per copy instruction), laid out as
+  // [chunk][token][64 B]; then, chunk by chunk, every thread reads its 32 raw bytes, the
+  // warpgroup synchronises (a converted chunk may overlap its own raw input), and the 16-bit
+  // values go to the swizzled tile. Converted chunk c covers bytes [8 KB c, 8 KB (c + 1)) and
+  // overwrites only raw chunks already read.
+  template <int C0, int C1>
   __device__ void load_fp8(unsigned char* stage, int kt, int kv_end, const Pipeline& pipe,
                            const State& st, int tid) const {
-    unsigned char* raw = stage + kRawOffset;
+    constexpr int kRawBase = C1 * kChunkBytes - (C1 - C0) * 4096;
+    unsigned char* raw = stage + kRawBase;
     const int sub = tid % 4;
 #pragma unroll
     for (int pass = 0; pass < 2; ++pass) {
       const int tok = tid / 4 + 32 * pass;
       const int j = kt + tok;
       const bool valid = j < kv_end;
-      const unsigned char* src = valid ? m.kv_row(j) : static_cast<const unsigned char*>(m.p.a.kv);
+      const unsigned char* src =
+          valid ? m.kv_row(j) : static_cast<const unsigned char*>(m.p.a.kv);
 #pragma unroll
-      for (int c = 0; c < 9; ++c)
-        Copy::copy16(raw + c * 4096 + tok * 64 + sub * 16, src + (valid ? (4 * c + sub) * 16 : 0),
-                     valid);
+      for (int c = C0; c < C1; ++c)
+        Copy::copy16(raw + (c - C0) * 4096 + tok * 64 + sub * 16,
+                     src + (valid ? (4 * c + sub) * 16 : 0), valid);
     }
     Copy::commit();
     Copy::template wait<0>();
     arch::named_sync(arch::NamedBarrier::producer, kProducerThreads);
 #pragma unroll 1
-    for (int c = 0; c < 9; ++c) {
+    for (int c = C0; c < C1; ++c) {
       uint4 in[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-        in[h] = *reinterpret_cast<const uint4*>(raw + c * 4096 + (tid + 128 * h) * 16);
+        in[h] = *reinterpret_cast<const uint4*>(raw + (c - C0) * 4096 + (tid + 128 * h) * 16);
       arch::named_sync(arch::NamedBarrier::producer, kProducerThreads);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -225,11 +234,12 @@ struct WsMainloop {
     }
   }
 
-  // 16-bit KV of the other type: load, convert, store, chunk by chunk.
+  // 16-bit KV of the other type, chunks [C0, C1): load, convert, store, chunk by chunk.
+  template <int C0, int C1>
   __device__ void load_convert16(unsigned char* stage, int kt, int kv_end, const Pipeline& pipe,
                                  const State& st, int tid) const {
 #pragma unroll 1
-    for (int c = 0; c < 9; ++c) {
+    for (int c = C0; c < C1; ++c) {
       const int unit = 8 * c + tid % 8;
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
@@ -435,14 +445,16 @@ struct WsMainloop {
         float f[2];
         if (wg == 0) {
           issue_s(s, st_a);
-          // Also completes P V of the previous pair's tile B (this warpgroup's last use of
-          // that stage and of sP, which this warpgroup now rewrites).
-          arch::wgmma_wait<0>();
           if (pair > 0) {
+            // P V of the previous pair's tile B (issued before S_A) has completed: that was
+            // this warpgroup's last read of B-lo and of sP, which it rewrites below.
+            arch::wgmma_wait<1>();
             State prev = st_a;
             prev.count -= 1;
-            pipe.consumer_release(prev);
+            pipe.consumer_release(prev, kLo);
           }
+          arch::wgmma_wait<0>();
+          pipe.consumer_release(st_a, kHi);  // S_A was this warpgroup's only read of A-hi
           softmax(s, kt_a, kt_a + 64 > mask_from, t, sm, f, pf);
           // Warpgroup 1 read the previous P in sP before publishing its own (p_ready_b).
           store_p(pf, wi, g, t);
@@ -455,7 +467,7 @@ struct WsMainloop {
           scale_o(o, f);
           issue_pv_regs(o, pf, kv_a, 0);
           arch::wgmma_wait<0>();
-          pipe.consumer_release(st_a);
+          pipe.consumer_release(st_a, kLo);
           arch::named_sync(arch::NamedBarrier::p_ready_b, kConsumerThreads);
           const float mb[2] = {sv.row_max[1][16 * wi + g], sv.row_max[1][16 * wi + g + 8]};
           adopt_max(sm, mb, f);
@@ -469,9 +481,10 @@ struct WsMainloop {
           scale_o(o, f);  // P V of the previous tile B completed at the end of that pair
           issue_pv_smem(o, kv_a, 1);
           arch::wgmma_wait<1>();  // S_B (P V of A still running)
+          pipe.consumer_release(st_b, kLo);  // S_B was this warpgroup's only read of B-lo
           softmax(s, kt_b, kt_b + 64 > mask_from, t, sm, f, pf);
-          arch::wgmma_wait<0>();  // P V of A: sP and stage A are free
-          pipe.consumer_release(st_a);
+          arch::wgmma_wait<0>();  // P V of A: sP and A-hi are free
+          pipe.consumer_release(st_a, kHi);
           store_p(pf, wi, g, t);
           if (t == 0) {
             sv.row_max[1][16 * wi + g] = sm.m_run[0];
@@ -482,14 +495,14 @@ struct WsMainloop {
           scale_o(o, f);
           issue_pv_regs(o, pf, kv_b, 1);
           arch::wgmma_wait<0>();
-          pipe.consumer_release(st_b);
+          pipe.consumer_release(st_b, kHi);
         }
       }
       if (wg == 0) {
         arch::wgmma_wait<0>();
         State prev = st;
         prev.count -= 1;
-        pipe.consumer_release(prev);
+        pipe.consumer_release(prev, kLo);
       }
     }
     epilogue(pc, sm, o, wg, wi, g, t);
@@ -581,7 +594,10 @@ __global__ void __launch_bounds__(384, 1) decode_kernel_ws(const KernelArgs p) {
   dm.kv_bytes = static_cast<int>(dtype_bytes(dm.kv));
   if (dm.row0 >= dm.rows) return;
   if (threadIdx.x == 0) {
-    ML::Pipeline::init(sv.bars);
+    // Arrivals that release each stage half (see the header comment): stage 0 holds tile A,
+    // stage 1 tile B.
+    constexpr int kReleasers[2][2] = {{128, 256}, {256, 128}};
+    ML::Pipeline::init(sv.bars, kReleasers);
     arch::mbar_init_fence();
   }
   __syncthreads();
