@@ -106,9 +106,23 @@ struct RingPipeline {
   __device__ void producer_commit(const PipelineState<Stages>& ps, int part) const {
     mbar_arrive(&st.full[ps.stage()][part]);
   }
-  // Consumer: waits until `part` of the stage of `ps` holds the tile.
+  // Producer: `part` is complete once every cp.async this thread has issued so far has landed
+  // (the arrival is made by the copy unit, the thread does not wait). Consumers then fence
+  // the async proxy before their wgmma reads (consumer_wait does).
+  __device__ void producer_commit_cp_async(const PipelineState<Stages>& ps, int part) const {
+#if defined(MLAKIT_WGMMA_ENABLED)
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(
+                     detail::smem_u32(&st.full[ps.stage()][part]))
+                 : "memory");
+#else
+    (void)ps, (void)part;
+#endif
+  }
+  // Consumer: waits until `part` of the stage of `ps` holds the tile; the fence orders the
+  // producer's generic-proxy writes (cp.async, st.shared) before this thread's wgmma reads.
   __device__ void consumer_wait(const PipelineState<Stages>& ps, int part) const {
     mbar_wait(&st.full[ps.stage()][part], ps.phase());
+    fence_proxy_async_smem();
   }
   // Consumer: this thread no longer reads group `g` of the stage (its wgmma reads completed).
   __device__ void consumer_release(const PipelineState<Stages>& ps, int g) const {

@@ -122,27 +122,35 @@ struct WsMainloop {
       // Tile i + 1 into L2 while this one waits for its stage.
       if (tid < 64 && kt + 64 + tid < r.kv_end) arch::prefetch_l2(m.kv_row(kt + 64 + tid), row_bytes);
       unsigned char* stage = ss.kv[st.stage()];
-      pipe.producer_acquire(st, kLo);
-      load_chunks<0, 4>(stage, kt, r.kv_end, pipe, st, tid);
-      pipe.producer_acquire(st, kHi);
-      load_chunks<4, 9>(stage, kt, r.kv_end, pipe, st, tid);
+      if constexpr (Tr::kDirect) {
+        pipe.producer_acquire(st, kLo);
+        load_direct<0, 4>(stage, kt, r.kv_end, pipe, st, tid);
+        pipe.producer_acquire(st, kHi);
+        load_direct<4, 9>(stage, kt, r.kv_end, pipe, st, tid);
+      } else if (m.kv_bytes == 1) {
+        // Both halves' raw bytes in flight before the first conversion.
+        pipe.producer_acquire(st, kLo);
+        copy_raw<0, 4>(stage, kt, r.kv_end, tid);
+        pipe.producer_acquire(st, kHi);
+        copy_raw<4, 9>(stage, kt, r.kv_end, tid);
+        Copy::template wait<1>();
+        arch::named_sync(arch::NamedBarrier::producer, kProducerThreads);
+        convert_fp8<0, 4>(stage, pipe, st, tid);
+        Copy::template wait<0>();
+        arch::named_sync(arch::NamedBarrier::producer, kProducerThreads);
+        convert_fp8<4, 9>(stage, pipe, st, tid);
+      } else {
+        pipe.producer_acquire(st, kLo);
+        load_convert16<0, 4>(stage, kt, r.kv_end, pipe, st, tid);
+        pipe.producer_acquire(st, kHi);
+        load_convert16<4, 9>(stage, kt, r.kv_end, pipe, st, tid);
+      }
     }
   }
 
-  template <int C0, int C1>
-  __device__ void load_chunks(unsigned char* stage, int kt, int kv_end, const Pipeline& pipe,
-                              const State& st, int tid) const {
-    if constexpr (Tr::kDirect)
-      load_direct<C0, C1>(stage, kt, kv_end, pipe, st, tid);
-    else if (m.kv_bytes == 1)
-      load_fp8<C0, C1>(stage, kt, kv_end, pipe, st, tid);
-    else
-      load_convert16<C0, C1>(stage, kt, kv_end, pipe, st, tid);
-  }
-
   // KV of the compute type, chunks [C0, C1): 8 threads per token (128 contiguous bytes per
-  // copy instruction), 16 tokens per pass; every chunk is one cp.async group, signalled as
-  // soon as it lands.
+  // copy instruction), 16 tokens per pass; each chunk's barrier is arrived on by the copy unit
+  // once the chunk (and every earlier copy of this thread) has landed.
   template <int C0, int C1>
   __device__ void load_direct(unsigned char* stage, int kt, int kv_end, const Pipeline& pipe,
                               const State& st, int tid) const {
@@ -162,17 +170,8 @@ struct WsMainloop {
             src[k] != nullptr ? src[k] + unit * 16 : static_cast<const unsigned char*>(m.p.a.kv);
         Copy::copy16(stage + Tile::unit_offset(tok, unit), s, src[k] != nullptr);
       }
-      Copy::commit();
+      pipe.producer_commit_cp_async(st, c);
     }
-    // Oldest group first: chunk C0 + i is complete once at most C1 - C0 - 1 - i are pending.
-    signal<C0, C1 - C0 - 1>(pipe, st);
-  }
-  template <int C, int Pending>
-  __device__ static void signal(const Pipeline& pipe, const State& st) {
-    Copy::template wait<Pending>();
-    arch::fence_proxy_async_smem();  // generic-proxy writes -> wgmma (async proxy) reads
-    pipe.producer_commit(st, C);
-    if constexpr (Pending > 0) signal<C + 1, Pending - 1>(pipe, st);
   }
 
   // fp8 KV, chunks [C0, C1): the raw bytes go to the top of the half's converted region
@@ -182,10 +181,12 @@ struct WsMainloop {
   // values go to the swizzled tile. Converted chunk c covers bytes [8 KB c, 8 KB (c + 1)) and
   // overwrites only raw chunks already read.
   template <int C0, int C1>
-  __device__ void load_fp8(unsigned char* stage, int kt, int kv_end, const Pipeline& pipe,
-                           const State& st, int tid) const {
-    constexpr int kRawBase = C1 * kChunkBytes - (C1 - C0) * 4096;
-    unsigned char* raw = stage + kRawBase;
+  static constexpr int raw_base() {
+    return C1 * kChunkBytes - (C1 - C0) * 4096;
+  }
+  template <int C0, int C1>
+  __device__ void copy_raw(unsigned char* stage, int kt, int kv_end, int tid) const {
+    unsigned char* raw = stage + raw_base<C0, C1>();
     const int sub = tid % 4;
 #pragma unroll
     for (int pass = 0; pass < 2; ++pass) {
@@ -200,8 +201,12 @@ struct WsMainloop {
                      src + (valid ? (4 * c + sub) * 16 : 0), valid);
     }
     Copy::commit();
-    Copy::template wait<0>();
-    arch::named_sync(arch::NamedBarrier::producer, kProducerThreads);
+  }
+  // The caller waited for this half's raw copies and synchronised the producer warpgroup.
+  template <int C0, int C1>
+  __device__ void convert_fp8(unsigned char* stage, const Pipeline& pipe, const State& st,
+                              int tid) const {
+    const unsigned char* raw = stage + raw_base<C0, C1>();
 #pragma unroll 1
     for (int c = C0; c < C1; ++c) {
       uint4 in[2];
@@ -469,6 +474,7 @@ struct WsMainloop {
           arch::wgmma_wait<0>();
           pipe.consumer_release(st_a, kLo);
           arch::named_sync(arch::NamedBarrier::p_ready_b, kConsumerThreads);
+          arch::fence_proxy_async_smem();  // B-lo was waited for by warpgroup 1
           const float mb[2] = {sv.row_max[1][16 * wi + g], sv.row_max[1][16 * wi + g + 8]};
           adopt_max(sm, mb, f);
           scale_o(o, f);
@@ -476,6 +482,7 @@ struct WsMainloop {
         } else {
           issue_s(s, st_b);
           arch::named_sync(arch::NamedBarrier::p_ready_a, kConsumerThreads);
+          arch::fence_proxy_async_smem();  // A-hi was waited for by warpgroup 0
           const float ma[2] = {sv.row_max[0][16 * wi + g], sv.row_max[0][16 * wi + g + 8]};
           adopt_max(sm, ma, f);
           scale_o(o, f);  // P V of the previous tile B completed at the end of that pair
