@@ -100,8 +100,8 @@ inline Status warpgroup_usable(const DeviceInfo& dev, bool* usable) {
                         "cudaFuncGetAttributes(decode_kernel_ws)");
     if (!s) return s;
     ok = attr.binaryVersion == 90 && attr.sharedSizeBytes == sizeof(WsStaticStorage);
-    if (ok && !(s = set_dynamic_smem(decode_kernel_ws<Tr>,
-                                     static_cast<int>(sizeof(WsSharedStorage)))))
+    if (ok &&
+        !(s = set_dynamic_smem(decode_kernel_ws<Tr>, static_cast<int>(sizeof(WsSharedStorage)))))
       return s;
   }
   if (d >= 0 && d < kMaxDevices) state[d].store(ok ? 1 : 2, std::memory_order_release);
@@ -135,8 +135,8 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   if (!warpgroup) {
     if (Tr::kSmemBytes > dev.max_smem_optin)
       return Status(StatusCode::not_supported,
-                    "device shared memory per block " + std::to_string(dev.max_smem_optin) +
-                        " < " + std::to_string(Tr::kSmemBytes) + " bytes the kernel needs");
+                    "device shared memory per block " + std::to_string(dev.max_smem_optin) + " < " +
+                        std::to_string(Tr::kSmemBytes) + " bytes the kernel needs");
     if (!(s = prepare_kernel<Tr>(decode_kernel<Tr>, Tr::kSmemBytes, dev.device))) return s;
   }
 

@@ -38,8 +38,7 @@ __device__ __forceinline__ void mbar_init_fence() {
 
 __device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
 #if defined(MLAKIT_WGMMA_ENABLED)
-  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" ::"r"(
-                   detail::smem_u32(bar))
+  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" ::"r"(detail::smem_u32(bar))
                : "memory");
 #else
   (void)bar;

@@ -59,8 +59,15 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
       "+f"(d[15])
-#define MLAKIT_WGMMA_REGS32 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
-#define MLAKIT_WGMMA_OUT32 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define MLAKIT_WGMMA_REGS32                                                                      \
+  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%" \
+  "25,%26,%27,%28,%29,%30,%31}"
+#define MLAKIT_WGMMA_OUT32                                                                        \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
+      "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),  \
+      "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),  \
+      "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
 #define MLAKIT_WGMMA_REGS128                                                                       \
   "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%"   \
   "25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%"   \
@@ -101,11 +108,11 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 // wgmma.mma_async RS: D (+)= A B with A from four registers per thread (the m64k16 A
 // fragment) and B through a descriptor. IA0: operand number of the first A register.
 #define MLAKIT_WGMMA_RS(SHAPE, TY, REGS, IA0, IB, IP, TB, ...)                                   \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " IP                                           \
-               ", 0;\n"                                                                         \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " IP                                            \
+               ", 0;\n"                                                                          \
                "wgmma.mma_async.sync.aligned." SHAPE ".f32." TY "." TY " " REGS ", " IA0 ", " IB \
-               ", p, 1, 1, " TB ";\n}\n"                                                        \
-               : __VA_ARGS__                                                                    \
+               ", p, 1, 1, " TB ";\n}\n"                                                         \
+               : __VA_ARGS__                                                                     \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)))
 
 template <class T>  // bf16_t or fp16_t
@@ -165,11 +172,11 @@ struct Wgmma {
                                         std::uint64_t desc_b, bool accumulate) {
 #if defined(MLAKIT_WGMMA_ENABLED)
     if constexpr (kBf16)
-      MLAKIT_WGMMA_RS("m64n256k16", "bf16", MLAKIT_WGMMA_REGS128, "{%128,%129,%130,%131}",
-                      "%132", "%133", "1", MLAKIT_WGMMA_OUT128);
+      MLAKIT_WGMMA_RS("m64n256k16", "bf16", MLAKIT_WGMMA_REGS128, "{%128,%129,%130,%131}", "%132",
+                      "%133", "1", MLAKIT_WGMMA_OUT128);
     else
-      MLAKIT_WGMMA_RS("m64n256k16", "f16", MLAKIT_WGMMA_REGS128, "{%128,%129,%130,%131}",
-                      "%132", "%133", "1", MLAKIT_WGMMA_OUT128);
+      MLAKIT_WGMMA_RS("m64n256k16", "f16", MLAKIT_WGMMA_REGS128, "{%128,%129,%130,%131}", "%132",
+                      "%133", "1", MLAKIT_WGMMA_OUT128);
 #else
     (void)d, (void)a, (void)desc_b, (void)accumulate;
 #endif

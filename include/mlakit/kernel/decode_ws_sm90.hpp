@@ -120,7 +120,8 @@ struct WsMainloop {
     for (int i = 0; i < n_tiles; ++i, st.advance()) {
       const int kt = r.kv_begin + 64 * i;
       // Tile i + 1 into L2 while this one waits for its stage.
-      if (tid < 64 && kt + 64 + tid < r.kv_end) arch::prefetch_l2(m.kv_row(kt + 64 + tid), row_bytes);
+      if (tid < 64 && kt + 64 + tid < r.kv_end)
+        arch::prefetch_l2(m.kv_row(kt + 64 + tid), row_bytes);
       unsigned char* stage = ss.kv[st.stage()];
       if constexpr (Tr::kDirect) {
         pipe.producer_acquire(st, kLo);
@@ -193,8 +194,7 @@ struct WsMainloop {
       const int tok = tid / 4 + 32 * pass;
       const int j = kt + tok;
       const bool valid = j < kv_end;
-      const unsigned char* src =
-          valid ? m.kv_row(j) : static_cast<const unsigned char*>(m.p.a.kv);
+      const unsigned char* src = valid ? m.kv_row(j) : static_cast<const unsigned char*>(m.p.a.kv);
 #pragma unroll
       for (int c = C0; c < C1; ++c)
         Copy::copy16(raw + (c - C0) * 4096 + tok * 64 + sub * 16,
@@ -487,7 +487,7 @@ struct WsMainloop {
           adopt_max(sm, ma, f);
           scale_o(o, f);  // P V of the previous tile B completed at the end of that pair
           issue_pv_smem(o, kv_a, 1);
-          arch::wgmma_wait<1>();  // S_B (P V of A still running)
+          arch::wgmma_wait<1>();             // S_B (P V of A still running)
           pipe.consumer_release(st_b, kLo);  // S_B was this warpgroup's only read of B-lo
           softmax(s, kt_b, kt_b + 64 > mask_from, t, sm, f, pf);
           arch::wgmma_wait<0>();  // P V of A: sP and A-hi are free
