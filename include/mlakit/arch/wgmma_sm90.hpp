@@ -45,6 +45,21 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending) : "memory");
 #endif
 }
+// Pins register values in place around wgmma issue and wait: the compiler sees an opaque
+// read-modify-write of each register here, so it cannot move accumulator arithmetic across a
+// wait (or an issue). Without it, a rescale of O can be hoisted above the wait that retires
+// the wgmma writing O, and ptxas then serialises every wgmma of the kernel.
+template <int N>
+__device__ __forceinline__ void fence_operand(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void fence_operand(std::uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
 // Makes this thread's ordinary shared-memory writes visible to the async proxy (wgmma
 // operand reads); issued by the writers before the barrier that publishes the data.
 __device__ __forceinline__ void fence_proxy_async_smem() {

@@ -407,8 +407,109 @@ struct WsMainloop {
     }
   }
 
-  __device__ void consume(const RequestPlan& rq, const Piece& pc, const Range& r, State& st) {
+  // After a wgmma wait: the accumulators (and the P fragment) are read or rewritten only below.
+  __device__ static void fence_all(float (&s)[32], float (&o)[128], std::uint32_t (&pf)[16]) {
+    arch::fence_operand(s);
+    arch::fence_operand(o);
+    arch::fence_operand(pf);
+  }
+
+  // Warpgroup 0: S and softmax of tile A of every pair, P V of both tiles (columns 0..255).
+  __device__ void consume_a(const Range& r, State& st, int mask_from, Softmax& sm, float (&o)[128],
+                            int wi, int g, int t) const {
     const Pipeline pipe{sv.bars};
+    float s[32], f[2];
+    std::uint32_t pf[16];
+    for (int pair = 0; pair < r.n_pairs; ++pair) {
+      const State st_a = st;
+      st.advance();
+      const State st_b = st;
+      st.advance();
+      const int kt_a = r.kv_begin + 128 * pair;
+      issue_s(s, st_a);
+      // S_A and P V of the previous pair's tile B have completed (the latter was this
+      // warpgroup's last read of that B-lo and of sP, which it rewrites below). One wait<0>:
+      // with a wait<1> for P V alone, ptxas serialised every wgmma of the kernel.
+      arch::wgmma_wait<0>();
+      fence_all(s, o, pf);
+      if (pair > 0) {
+        State prev = st_a;
+        prev.count -= 1;
+        pipe.consumer_release(prev, kLo);
+      }
+      pipe.consumer_release(st_a, kHi);  // S_A was this warpgroup's only read of A-hi
+      softmax(s, kt_a, kt_a + 64 > mask_from, t, sm, f, pf);
+      // Warpgroup 1 read the previous P in sP before publishing its own (p_ready_b).
+      store_p(pf, wi, g, t);
+      if (t == 0) {
+        sv.row_max[0][16 * wi + g] = sm.m_run[0];
+        sv.row_max[0][16 * wi + g + 8] = sm.m_run[1];
+      }
+      arch::fence_proxy_async_smem();
+      arch::named_arrive(arch::NamedBarrier::p_ready_a, kConsumerThreads);
+      scale_o(o, f);
+      issue_pv_regs(o, pf, smem_u32(ss.kv[st_a.stage()]), 0);
+      arch::wgmma_wait<0>();
+      fence_all(s, o, pf);
+      pipe.consumer_release(st_a, kLo);
+      arch::named_sync(arch::NamedBarrier::p_ready_b, kConsumerThreads);
+      arch::fence_proxy_async_smem();  // B-lo was waited for by warpgroup 1
+      const float mb[2] = {sv.row_max[1][16 * wi + g], sv.row_max[1][16 * wi + g + 8]};
+      adopt_max(sm, mb, f);
+      scale_o(o, f);
+      issue_pv_smem(o, smem_u32(ss.kv[st_b.stage()]), 0);
+    }
+    arch::wgmma_wait<0>();
+    fence_all(s, o, pf);
+    State prev = st;
+    prev.count -= 1;
+    pipe.consumer_release(prev, kLo);
+  }
+
+  // Warpgroup 1: S and softmax of tile B of every pair, P V of both tiles (columns 256..511).
+  __device__ void consume_b(const Range& r, State& st, int mask_from, Softmax& sm, float (&o)[128],
+                            int wi, int g, int t) const {
+    const Pipeline pipe{sv.bars};
+    float s[32], f[2];
+    std::uint32_t pf[16];
+    for (int pair = 0; pair < r.n_pairs; ++pair) {
+      const State st_a = st;
+      st.advance();
+      const State st_b = st;
+      st.advance();
+      const int kt_b = r.kv_begin + 128 * pair + 64;
+      issue_s(s, st_b);  // runs while warpgroup 0 computes S_A and its softmax
+      arch::named_sync(arch::NamedBarrier::p_ready_a, kConsumerThreads);
+      arch::fence_proxy_async_smem();  // A-hi was waited for by warpgroup 0
+      // O is rescaled with no wgmma in flight: ptxas serialises every wgmma of the kernel
+      // when accumulator registers of any wgmma are written while one is in flight.
+      arch::wgmma_wait<0>();
+      fence_all(s, o, pf);
+      pipe.consumer_release(st_b, kLo);  // S_B was this warpgroup's only read of B-lo
+      const float ma[2] = {sv.row_max[0][16 * wi + g], sv.row_max[0][16 * wi + g + 8]};
+      adopt_max(sm, ma, f);
+      scale_o(o, f);
+      issue_pv_smem(o, smem_u32(ss.kv[st_a.stage()]), 1);
+      softmax(s, kt_b, kt_b + 64 > mask_from, t, sm, f, pf);  // behind P V of A
+      arch::wgmma_wait<0>();
+      fence_all(s, o, pf);  // P V of A: sP and A-hi are free
+      pipe.consumer_release(st_a, kHi);
+      store_p(pf, wi, g, t);
+      if (t == 0) {
+        sv.row_max[1][16 * wi + g] = sm.m_run[0];
+        sv.row_max[1][16 * wi + g + 8] = sm.m_run[1];
+      }
+      arch::fence_proxy_async_smem();
+      arch::named_arrive(arch::NamedBarrier::p_ready_b, kConsumerThreads);
+      scale_o(o, f);
+      issue_pv_regs(o, pf, smem_u32(ss.kv[st_b.stage()]), 1);
+      arch::wgmma_wait<0>();
+      fence_all(s, o, pf);
+      pipe.consumer_release(st_b, kHi);
+    }
+  }
+
+  __device__ void consume(const RequestPlan& rq, const Piece& pc, const Range& r, State& st) {
     const int lane = lane_id(), warp = warp_id();
     const int wg = warp / 4, wi = warp % 4;
     const int g = lane >> 2, t = lane & 3;
@@ -437,80 +538,13 @@ struct WsMainloop {
 #pragma unroll
         for (int h = 0; h < 2; ++h) sm.sc[h] *= sv.q_scale[16 * wi + g + 8 * h];
       }
-      float s[32];
-      std::uint32_t pf[16];
-      for (int pair = 0; pair < r.n_pairs; ++pair) {
-        State st_a = st;
-        st.advance();
-        State st_b = st;
-        st.advance();
-        const int kt_a = r.kv_begin + 128 * pair, kt_b = kt_a + 64;
-        const std::uint32_t kv_a = smem_u32(ss.kv[st_a.stage()]);
-        const std::uint32_t kv_b = smem_u32(ss.kv[st_b.stage()]);
-        float f[2];
-        if (wg == 0) {
-          issue_s(s, st_a);
-          if (pair > 0) {
-            // P V of the previous pair's tile B (issued before S_A) has completed: that was
-            // this warpgroup's last read of B-lo and of sP, which it rewrites below.
-            arch::wgmma_wait<1>();
-            State prev = st_a;
-            prev.count -= 1;
-            pipe.consumer_release(prev, kLo);
-          }
-          arch::wgmma_wait<0>();
-          pipe.consumer_release(st_a, kHi);  // S_A was this warpgroup's only read of A-hi
-          softmax(s, kt_a, kt_a + 64 > mask_from, t, sm, f, pf);
-          // Warpgroup 1 read the previous P in sP before publishing its own (p_ready_b).
-          store_p(pf, wi, g, t);
-          if (t == 0) {
-            sv.row_max[0][16 * wi + g] = sm.m_run[0];
-            sv.row_max[0][16 * wi + g + 8] = sm.m_run[1];
-          }
-          arch::fence_proxy_async_smem();
-          arch::named_arrive(arch::NamedBarrier::p_ready_a, kConsumerThreads);
-          scale_o(o, f);
-          issue_pv_regs(o, pf, kv_a, 0);
-          arch::wgmma_wait<0>();
-          pipe.consumer_release(st_a, kLo);
-          arch::named_sync(arch::NamedBarrier::p_ready_b, kConsumerThreads);
-          arch::fence_proxy_async_smem();  // B-lo was waited for by warpgroup 1
-          const float mb[2] = {sv.row_max[1][16 * wi + g], sv.row_max[1][16 * wi + g + 8]};
-          adopt_max(sm, mb, f);
-          scale_o(o, f);
-          issue_pv_smem(o, kv_b, 0);
-        } else {
-          issue_s(s, st_b);
-          arch::named_sync(arch::NamedBarrier::p_ready_a, kConsumerThreads);
-          arch::fence_proxy_async_smem();  // A-hi was waited for by warpgroup 0
-          const float ma[2] = {sv.row_max[0][16 * wi + g], sv.row_max[0][16 * wi + g + 8]};
-          adopt_max(sm, ma, f);
-          scale_o(o, f);  // P V of the previous tile B completed at the end of that pair
-          issue_pv_smem(o, kv_a, 1);
-          arch::wgmma_wait<1>();             // S_B (P V of A still running)
-          pipe.consumer_release(st_b, kLo);  // S_B was this warpgroup's only read of B-lo
-          softmax(s, kt_b, kt_b + 64 > mask_from, t, sm, f, pf);
-          arch::wgmma_wait<0>();  // P V of A: sP and A-hi are free
-          pipe.consumer_release(st_a, kHi);
-          store_p(pf, wi, g, t);
-          if (t == 0) {
-            sv.row_max[1][16 * wi + g] = sm.m_run[0];
-            sv.row_max[1][16 * wi + g + 8] = sm.m_run[1];
-          }
-          arch::fence_proxy_async_smem();
-          arch::named_arrive(arch::NamedBarrier::p_ready_b, kConsumerThreads);
-          scale_o(o, f);
-          issue_pv_regs(o, pf, kv_b, 1);
-          arch::wgmma_wait<0>();
-          pipe.consumer_release(st_b, kHi);
-        }
-      }
-      if (wg == 0) {
-        arch::wgmma_wait<0>();
-        State prev = st;
-        prev.count -= 1;
-        pipe.consumer_release(prev, kLo);
-      }
+      // One loop per warpgroup: ptxas analyses wgmma hazards on the control-flow graph, and
+      // a shared loop body would merge warpgroup 0's in-flight P V with warpgroup 1's
+      // rescale of O, serialising every wgmma.
+      if (wg == 0)
+        consume_a(r, st, mask_from, sm, o, wi, g, t);
+      else
+        consume_b(r, st, mask_from, sm, o, wi, g, t);
     }
     epilogue(pc, sm, o, wg, wi, g, t);
   }
