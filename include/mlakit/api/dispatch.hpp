@@ -12,7 +12,8 @@
 //                                    (or -DMLAKIT_EXTERN_DISPATCH for the whole target)
 //   exactly one .cu of the program:  #include <mlakit/api/instantiate_dispatch.hpp>
 // A program that defines MLAKIT_EXTERN_DISPATCH and instantiates the table nowhere fails to
-// link (undefined DispatchEntry<...>::launch), never at run time.
+// link (undefined DispatchEntry<...>::launch), never at run time. Every file of the program
+// must see the same MLAKIT_NO_HOT_SHAPES setting, which changes the list of entries.
 #include "decode.hpp"
 
 namespace mlakit {
