@@ -2,12 +2,15 @@
 #
 #   mlakit_select_backend()                     resolve MLAKIT_BACKEND -> MLAKIT_GPU_BACKEND
 #   mlakit_add_gpu_executable(name SOURCES...)  .cu sources for the chosen backend
+#   mlakit_add_gpu_object_library(name SOURCES...)  the same, as an OBJECT library (e.g. the
+#                                               one translation unit that compiles decode()'s
+#                                               dispatch table for several executables)
 #   mlakit_add_host_executable(name SOURCES...) plain C++ (host only) sources
 #   mlakit_configure_host_target(target)        the host flags, for a library/object target
 #
 # Backends:
-#   CUDA  .cu compiled by nvcc as CUDA, -std=c++17 --expt-relaxed-constexpr, archs from
-#         MLAKIT_CUDA_ARCHS (CUDA_ARCHITECTURES: "90a" -> sm_90a), linked to CUDA::cudart_static.
+#   CUDA  .cu compiled by nvcc as CUDA, -std=c++17 and no other flag a user would need, archs
+#         from MLAKIT_CUDA_ARCHS (CUDA_ARCHITECTURES: "90a" -> sm_90a), linked to CUDA::cudart_static.
 #   HIP   the C++ compiler is hipcc (CXX=hipcc cmake ...): .cu compiled as CXX with -xhip and
 #         --offload-arch=<each of MLAKIT_HIP_ARCHS>, linked to hip::device (+ roc::rocprim).
 #   NONE  .cu compiled as plain C++ (-xc++) so the host-only paths of the headers build.
@@ -159,10 +162,23 @@ function(mlakit_add_gpu_executable name)
   if(ARGC LESS 2)
     message(FATAL_ERROR "mlakit_add_gpu_executable(${name}): no sources")
   endif()
+  add_executable(${name} ${ARGN})
+  _mlakit_gpu_setup(${name} ${ARGN})
+endfunction()
+
+function(mlakit_add_gpu_object_library name)
+  if(ARGC LESS 2)
+    message(FATAL_ERROR "mlakit_add_gpu_object_library(${name}): no sources")
+  endif()
+  add_library(${name} OBJECT ${ARGN})
+  _mlakit_gpu_setup(${name} ${ARGN})
+endfunction()
+
+# Backend flags of a target whose .cu sources are GPU code.
+function(_mlakit_gpu_setup name)
   set(_sources ${ARGN})
   set(_cu_sources ${_sources})
   list(FILTER _cu_sources INCLUDE REGEX "\\.cu$")
-  add_executable(${name} ${_sources})
   _mlakit_common_setup(${name})
 
   if(MLAKIT_GPU_BACKEND STREQUAL "CUDA")
@@ -176,7 +192,6 @@ function(mlakit_add_gpu_executable name)
       CUDA_STANDARD_REQUIRED ON
       CUDA_EXTENSIONS OFF
       CUDA_RUNTIME_LIBRARY Static)
-    target_compile_options(${name} PRIVATE "$<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr>")
     target_compile_definitions(${name} PRIVATE MLAKIT_BACKEND_CUDA=1)
     target_link_libraries(${name} PRIVATE CUDA::cudart_static)
 

@@ -286,3 +286,43 @@ TEST_CASE("decode errors: out-of-domain arguments return a Status", "[gpu]") {
   s = decode(P.dev, ws.ptr, 16, nullptr);
   CHECK(s.code() == StatusCode::workspace_too_small);
 }
+
+TEST_CASE("CSR page ids with a null kv_indices: no request has a page", "[gpu]") {
+  MLAKIT_REQUIRE_GPU();
+  TestProblem P;
+  build(P, crash_shape());
+  REQUIRE(P.ok);
+  P.host.kv_indices = nullptr;  // the reference reads the same declaration
+  P.dev.kv_indices = nullptr;
+  DeviceBuffer ws(workspace_for(P.dev));
+  Outcome o = run_device(P, ws);
+  INFO(o.status.message());
+  REQUIRE(o.status.is_ok());
+  const auto ref = run_reference(P);
+  compare(P, ref, o);
+  CHECK(o.max_abs == 0.0);  // every row sees no key: O = 0 (the NaN poison is overwritten)
+  CHECK(o.lse_err == 0.0);  // and LSE = -inf
+  for (float l : o.lse) CHECK(l == -INFINITY);
+}
+
+TEST_CASE("block table: stride 0 (packed rows) equals the explicit stride", "[gpu]") {
+  MLAKIT_REQUIRE_GPU();
+  Case c = crash_shape();
+  c.ids = PageIds::block_table;
+  c.page_size = 16;
+  TestProblem P;
+  build(P, c);
+  REQUIRE(P.ok);
+  REQUIRE(P.dev.block_table_stride == 0);  // what set_packed_strides() sets
+  DeviceBuffer ws(workspace_for(P.dev));
+  Outcome packed = run_device(P, ws);
+  REQUIRE(packed.status.is_ok());
+  P.dev.block_table_stride = P.dev.max_pages_per_request;
+  Outcome explicit_stride = run_device(P, ws);
+  REQUIRE(explicit_stride.status.is_ok());
+  CHECK(packed.out == explicit_stride.out);
+  CHECK(std::memcmp(packed.lse.data(), explicit_stride.lse.data(), packed.lse.size() * 4) == 0);
+  const auto ref = run_reference(P);
+  compare(P, ref, packed);
+  CHECK(packed.rel_l2 < 1e-2);
+}

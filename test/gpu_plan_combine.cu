@@ -91,6 +91,8 @@ std::string run_planner(const PlannerCase& c) {
   a.max_pages_per_request = c.max_pages;
   a.kv_len = d_len.as<std::int32_t>();
   a.kv_indptr = d_indptr.as<std::int32_t>();
+  // Never read by the planner, but a null kv_indices would declare that no request has a page.
+  a.kv_indices = d_indptr.as<std::int32_t>();
   a.split_mode = c.mode;
   a.num_splits = c.splits;
   const detail::WorkspaceView view = detail::workspace_view(ws.ptr, wl, rows_padded);

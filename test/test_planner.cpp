@@ -26,7 +26,8 @@ const char* mode_name(SplitMode m) {
   return m == SplitMode::automatic ? "automatic" : m == SplitMode::none ? "none" : "fixed";
 }
 
-// Cost of a request as design.md / plan.hpp define it, spelled out independently.
+// Cost of a request as docs/design.md ("Planner") and plan.hpp define it, spelled out
+// independently.
 long long expected_cost(const PlanShape& p, int len) {
   if (p.mode == SplitMode::none) return 1;
   if (p.mode == SplitMode::fixed) return p.fixed_splits;

@@ -168,11 +168,11 @@ Built build(const CaseSpec& c) {
 
   // Page ids, and kv_len as told to the reference.
   if (c.ids == PageIds::block_table) {
-    B.table.assign(std::size_t(batch) * a.block_table_stride, 0);
+    const std::int64_t row = block_table_row_stride(a);  // 0 in a.block_table_stride: packed
+    B.table.assign(std::size_t(batch) * row, 0);
     for (auto& id : B.table) id = nan_page();
     for (int b = 0; b < batch; ++b)
-      for (std::size_t i = 0; i < req_pages[b].size(); ++i)
-        B.table[b * a.block_table_stride + i] = req_pages[b][i];
+      for (std::size_t i = 0; i < req_pages[b].size(); ++i) B.table[b * row + i] = req_pages[b][i];
     a.block_table = B.table.data();
   } else {
     B.indptr.push_back(0);

@@ -97,13 +97,13 @@ std::vector<BadCase> bad_cases() {
       {"q_len 33", [](A a) { a.q_len = 33; }, "q_len", "33", "1..32"},
       {"page_size 0", [](A a) { a.page_size = 0; }, "page_size", "0", "1..256"},
       {"page_size 257", [](A a) { a.page_size = 257; }, "page_size", "257", "1..256"},
-      {"softmax_scale 0", [](A a) { a.softmax_scale = 0.0f; }, "softmax_scale", "0.000000", "> 0"},
-      {"softmax_scale -0.5", [](A a) { a.softmax_scale = -0.5f; }, "softmax_scale", "-0.500000"},
+      {"softmax_scale 0", [](A a) { a.softmax_scale = 0.0f; }, "softmax_scale", "0", "> 0"},
+      {"softmax_scale -0.5", [](A a) { a.softmax_scale = -0.5f; }, "softmax_scale", "-0.5"},
       {"softmax_scale NaN", [](A a) { a.softmax_scale = kNaN; }, "softmax_scale", "nan"},
       {"softmax_scale inf", [](A a) { a.softmax_scale = kInf; }, "softmax_scale", "inf"},
       {"softmax_scale -inf", [](A a) { a.softmax_scale = -kInf; }, "softmax_scale", "-inf"},
-      {"kv_scale 0", [](A a) { a.kv_scale = 0.0f; }, "kv_scale", "0.000000", "> 0"},
-      {"kv_scale -1", [](A a) { a.kv_scale = -1.0f; }, "kv_scale", "-1.000000"},
+      {"kv_scale 0", [](A a) { a.kv_scale = 0.0f; }, "kv_scale", "0", "> 0"},
+      {"kv_scale -1", [](A a) { a.kv_scale = -1.0f; }, "kv_scale", "-1"},
       {"kv_scale NaN", [](A a) { a.kv_scale = kNaN; }, "kv_scale", "nan"},
       {"kv_scale inf", [](A a) { a.kv_scale = kInf; }, "kv_scale", "inf"},
       {"split_mode 3", [](A a) { a.split_mode = SplitMode(3); }, "split_mode", "3"},
@@ -137,7 +137,8 @@ std::vector<BadCase> bad_cases() {
       {"out 8-byte aligned", [](A a) { a.out = at_mut(520); }, "out", "0x"},
       {"lse 2-byte aligned", [](A a) { a.lse = reinterpret_cast<float*>(at_mut(770)); }, "lse",
        "0x"},
-      {"q_stride_head 500", [](A a) { a.q_stride_head = 500; }, "q_stride_head", "500", ">= 576"},
+      {"q_stride_head 500", [](A a) { a.q_stride_head = 500; }, "q_stride_head", "500",
+       "at least 576"},
       {"q_stride_head 580", [](A a) { a.q_stride_head = 580; }, "q_stride_head", "580",
        "multiple of 8"},
       {"q_stride_head -576", [](A a) { a.q_stride_head = -576; }, "q_stride_head", "-576"},
@@ -146,29 +147,32 @@ std::vector<BadCase> bad_cases() {
       {"kv_stride_token 100", [](A a) { a.kv_stride_token = 100; }, "kv_stride_token", "100"},
       {"kv_stride_token 580", [](A a) { a.kv_stride_token = 580; }, "kv_stride_token", "580"},
       {"kv_stride_page 0", [](A a) { a.kv_stride_page = 0; }, "kv_stride_page", "0"},
-      {"o_stride_head 256", [](A a) { a.o_stride_head = 256; }, "o_stride_head", "256", ">= 512"},
+      {"o_stride_head 256", [](A a) { a.o_stride_head = 256; }, "o_stride_head", "256",
+       "at least 512"},
       {"o_stride_head 516", [](A a) { a.o_stride_head = 516; }, "o_stride_head", "516"},
       // Heads of token t + 1 would start inside the last head of token t.
       {"o_stride_token overlaps heads", [](A a) { a.o_stride_token = 15 * 512; }, "o_stride_token",
-       "7680", ">= 8192"},
+       "7680", "at least 8192"},
       {"o_stride_token with padded heads",
        [](A a) {
          a.o_stride_head = 640;
          a.o_stride_token = 16 * 512;
        },
-       "o_stride_token", "8192", ">= 10112"},
+       "o_stride_token", "8192", "at least 10112"},
       {"o_stride_batch overlaps tokens", [](A a) { a.o_stride_batch = 3 * 16 * 512; },
-       "o_stride_batch", "24576", ">= 32768"},
+       "o_stride_batch", "24576", "at least 32768"},
       {"lse_stride_head 0", [](A a) { a.lse_stride_head = 0; }, "lse_stride_head", "0"},
       {"lse_stride_token overlaps heads", [](A a) { a.lse_stride_token = 15; }, "lse_stride_token",
-       "15", ">= 16"},
+       "15", "at least 16 elements"},
       {"lse_stride_batch overlaps tokens", [](A a) { a.lse_stride_batch = 63; }, "lse_stride_batch",
-       "63", ">= 64"},
+       "63", "at least 64 elements"},
       {"block_table null", [](A a) { a.block_table = nullptr; }, "block_table", "null"},
       {"max_pages_per_request 0", [](A a) { a.max_pages_per_request = 0; }, "max_pages_per_request",
        "0"},
       {"block_table_stride < max_pages_per_request", [](A a) { a.block_table_stride = 39; },
-       "block_table_stride", "39", ">= max_pages_per_request (40)"},
+       "block_table_stride", "39", ">= max_pages_per_request (40), or 0 for packed rows"},
+      {"block_table_stride negative", [](A a) { a.block_table_stride = -40; }, "block_table_stride",
+       "-40"},
       {"page_ids 2", [](A a) { a.page_ids = PageIds(2); }, "page_ids", "2", "block_table or csr"},
       {"csr, kv_indptr null",
        [](A a) {
@@ -177,13 +181,6 @@ std::vector<BadCase> bad_cases() {
          a.kv_indices = g_ints;
        },
        "kv_indptr", "null"},
-      {"csr, kv_indices null",
-       [](A a) {
-         a.page_ids = PageIds::csr;
-         a.kv_indptr = g_ints;
-         a.kv_indices = nullptr;
-       },
-       "kv_indices", "null"},
   };
   return v;
 }

@@ -9,8 +9,11 @@
 # Environment: MLAKIT_BACKEND (CUDA, HIP or NONE; HIP also needs CXX=hipcc and
 # MLAKIT_HIP_ARCHS), MLAKIT_CUDA_ARCHS (default: the local GPU's, else 90a),
 # MLAKIT_BUILD_DIR (default build-example), MLAKIT_JOBS (default: all cores).
+# Missing Debian packages (cmake, ninja-build, g++) are installed first when running as root,
+# else the exact apt-get command is printed (tools/install-deps.sh).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+bash tools/install-deps.sh example
 build=${MLAKIT_BUILD_DIR:-build-example}
 
 if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then

@@ -5,9 +5,10 @@
 #   tools/gpu-run.sh build/test/mlakit_gpu_tests
 #   tools/gpu-run.sh ctest --test-dir build --output-on-failure
 #   tools/gpu-run.sh build/bench/mlakit_bench --benchmark_format=json
-# .deps/ is git-ignored: create it on a Debian machine with
-#   /work/shared/tools/stage-deps .deps
-# and send it along with the working tree (the device run tool's carry: [".deps"]).
+# .deps/ is git-ignored: an install prefix holding Catch2 v2 and Google Benchmark (headers,
+# CMake package files, libraries under lib/x86_64-linux-gnu), for example the files of Debian
+# 12's catch2 and libbenchmark-dev packages, copied along with the working tree to a GPU
+# machine that cannot install packages itself.
 # Environment: MLAKIT_BUILD_DIR (default build), MLAKIT_JOBS (default: all cores),
 # MLAKIT_CUDA_ARCHS (default 90a), MLAKIT_GPU_CMAKE_ARGS (extra configure arguments).
 set -euo pipefail
@@ -16,7 +17,7 @@ root=$PWD
 build=${MLAKIT_BUILD_DIR:-build}
 
 if [ ! -d "$root/.deps" ]; then
-  echo "gpu-run.sh: $root/.deps is missing (stage it with stage-deps and carry it)" >&2
+  echo "gpu-run.sh: $root/.deps is missing (a prefix with Catch2 and Google Benchmark: see the header)" >&2
   exit 2
 fi
 if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then

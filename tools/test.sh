@@ -3,8 +3,11 @@
 #   bash tools/test.sh                      # what a developer runs
 #   bash tools/test.sh -DMLAKIT_WERROR=ON   # extra arguments go to the configure step (CI)
 # MLAKIT_JOBS sets the build parallelism (default 2: the machines here have 2 cores).
+# Missing Debian packages (cmake, ninja-build, g++, catch2) are installed first when running as
+# root, else the exact apt-get command is printed (tools/install-deps.sh).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+bash tools/install-deps.sh test
 cmake -S . -B build -G Ninja -DMLAKIT_BACKEND=NONE "$@"
 cmake --build build -j "${MLAKIT_JOBS:-2}"
 ctest --test-dir build --output-on-failure

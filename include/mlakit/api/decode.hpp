@@ -39,13 +39,28 @@ inline int policy_rows(const DecodeArgs& a) {
 
 }  // namespace detail
 
-// Bytes of device workspace decode() needs for `a` on `dev`. Depends on batch, heads, q_len,
-// the split mode and the device only, never on kv_len values: allocate it once.
-inline std::size_t workspace_bytes(const DecodeArgs& a, const DeviceInfo& dev) {
-  if (a.batch <= 0 || a.num_heads <= 0 || a.q_len <= 0) return 0;
+// Writes to *bytes the device workspace decode() needs for `a` on `dev`. Depends on batch,
+// heads, q_len, the split mode and the device only, never on kv_len values or pointers:
+// allocate it once. Checks exactly those arguments (validate_shape()): outside the domain it
+// returns the Status of the first one out of range and sets *bytes to 0. Batch 0 needs 0.
+inline Status workspace_bytes(const DecodeArgs& a, const DeviceInfo& dev, std::size_t* bytes) {
+  if (bytes == nullptr)
+    return detail::bad_arg("bytes", "null", "a pointer to the size_t that receives the size");
+  *bytes = 0;
+  Status s = validate_shape(a);
+  if (!s || a.batch == 0) return s;
   const int rows_per_cta = detail::policy_rows(a);
-  const PlanShape s = detail::plan_shape(a, rows_per_cta, dev);
-  return static_cast<std::size_t>(detail::workspace_layout(s, s.row_tiles * rows_per_cta).bytes);
+  const PlanShape shape = detail::plan_shape(a, rows_per_cta, dev);
+  *bytes = static_cast<std::size_t>(
+      detail::workspace_layout(shape, shape.row_tiles * rows_per_cta).bytes);
+  return Status::ok();
+}
+
+// The same size, or 0 when the shape is outside the domain (or batch is 0, which needs no
+// workspace); the overload above tells the two apart and names the argument at fault.
+inline std::size_t workspace_bytes(const DecodeArgs& a, const DeviceInfo& dev) {
+  std::size_t bytes = 0;
+  return workspace_bytes(a, dev, &bytes) ? bytes : 0;
 }
 
 // Ok when decode(a) would run: the arguments are in the domain and a GPU backend exists.
@@ -142,6 +157,7 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
 
   KernelArgs k;
   k.a = a;
+  k.a.block_table_stride = block_table_row_stride(a);  // 0 (packed) resolved for the kernel
   k.shape = shape;
   k.ws = workspace_view(workspace, wl, rows_padded);
   k.scale_log2 = a.softmax_scale * a.kv_scale * kLog2e;

@@ -4,6 +4,16 @@
 // row policy (NVIDIA adds e4m3fn KV read raw by the matrix atom), plus fixed-shape specialisations
 // of the speculative-decoding hot shapes (16 heads, q_len 1/2/4/8, causal, bf16 Q with fp8 e4m3fn
 // or bf16 KV).
+//
+// Compiling the table once: every entry is a DispatchEntry<Problem> whose launch() is not
+// inline, so a translation unit can leave its instantiation (and that of its kernels, most of
+// the compile time of a file that calls decode()) to another one:
+//   every file that calls decode():  #define MLAKIT_EXTERN_DISPATCH before including mlakit
+//                                    (or -DMLAKIT_EXTERN_DISPATCH for the whole target)
+//   exactly one .cu of the program:  #include <mlakit/api/instantiate_dispatch.hpp>
+// A program that defines MLAKIT_EXTERN_DISPATCH and instantiates the table nowhere fails to
+// link (undefined DispatchEntry<...>::launch), never at run time. Every file of the program
+// must see the same MLAKIT_NO_HOT_SHAPES setting, which changes the list of entries.
 #include "decode.hpp"
 
 namespace mlakit {
@@ -16,12 +26,67 @@ using HotFp8 = Problem<bf16_t, fp8_e4m3fn_t, 16, QLen, Causal::on>;
 template <int QLen>
 using HotBf16 = Problem<bf16_t, bf16_t, 16, QLen, Causal::on>;
 
+// The generic entries, one per (Q type, KV type) pair the table serves; rows are dynamic, so
+// each holds one kernel per row policy.
+using TableBf16Bf16 = Problem<bf16_t, bf16_t>;
+using TableBf16Any = Problem<bf16_t, kv_any_t>;
+using TableFp16Fp16 = Problem<fp16_t, fp16_t>;
+using TableFp16Any = Problem<fp16_t, kv_any_t>;
+#if defined(MLAKIT_PLATFORM_CUDA)
+using TableBf16E4m3fn = Problem<bf16_t, fp8_e4m3fn_t>;
+using TableFp16E4m3fn = Problem<fp16_t, fp8_e4m3fn_t>;
+#endif
+
+// One entry of the dispatch table. launch() is defined below the class, so it is not an inline
+// function and an `extern template` declaration does suppress its implicit instantiation.
+template <class P>
+struct DispatchEntry {
+  static Status launch(const DecodeArgs& a, const DeviceInfo& dev, void* ws, std::size_t bytes,
+                       Stream stream);
+};
+
+template <class P>
+Status DispatchEntry<P>::launch(const DecodeArgs& a, const DeviceInfo& dev, void* ws,
+                                std::size_t bytes, Stream stream) {
+  return Decode<P>::launch_with(a, dev, ws, bytes, stream);
+}
+
+}  // namespace detail
+
+// The table's entries as an X-macro: X(type) for every Problem the run-time path can launch on
+// this platform. Used by the extern declarations below and by api/instantiate_dispatch.hpp.
+#if defined(MLAKIT_NO_HOT_SHAPES)
+#define MLAKIT_DETAIL_HOT_ENTRIES(X)
+#else
+#define MLAKIT_DETAIL_HOT_ENTRIES(X) \
+  X(HotFp8<1>)                       \
+  X(HotFp8<2>) X(HotFp8<4>) X(HotFp8<8>) X(HotBf16<1>) X(HotBf16<2>) X(HotBf16<4>) X(HotBf16<8>)
+#endif
+#if defined(MLAKIT_PLATFORM_CUDA)
+#define MLAKIT_DETAIL_FP8_ENTRIES(X) X(TableBf16E4m3fn) X(TableFp16E4m3fn)
+#else
+#define MLAKIT_DETAIL_FP8_ENTRIES(X)
+#endif
+#define MLAKIT_DETAIL_DISPATCH_ENTRIES(X) \
+  MLAKIT_DETAIL_HOT_ENTRIES(X)            \
+  X(TableBf16Bf16) X(TableBf16Any) X(TableFp16Fp16) X(TableFp16Any) MLAKIT_DETAIL_FP8_ENTRIES(X)
+
+#if defined(MLAKIT_EXTERN_DISPATCH)
+namespace detail {
+#define MLAKIT_DETAIL_EXTERN_ENTRY(P) extern template struct DispatchEntry<P>;
+MLAKIT_DETAIL_DISPATCH_ENTRIES(MLAKIT_DETAIL_EXTERN_ENTRY)
+#undef MLAKIT_DETAIL_EXTERN_ENTRY
+}  // namespace detail
+#endif
+
+namespace detail {
+
 template <int QLen>
 inline Status launch_hot(const DecodeArgs& a, const DeviceInfo& dev, void* ws, std::size_t bytes,
                          Stream stream) {
   return a.kv_type == DType::fp8_e4m3fn
-             ? Decode<HotFp8<QLen>>::launch_with(a, dev, ws, bytes, stream)
-             : Decode<HotBf16<QLen>>::launch_with(a, dev, ws, bytes, stream);
+             ? DispatchEntry<HotFp8<QLen>>::launch(a, dev, ws, bytes, stream)
+             : DispatchEntry<HotBf16<QLen>>::launch(a, dev, ws, bytes, stream);
 }
 
 inline Status dispatch(const DecodeArgs& a, const DeviceInfo& dev, void* ws, std::size_t bytes,
@@ -45,20 +110,20 @@ inline Status dispatch(const DecodeArgs& a, const DeviceInfo& dev, void* ws, std
 #endif
   if (a.q_type == DType::bf16) {
     if (a.kv_type == DType::bf16)
-      return Decode<Problem<bf16_t, bf16_t>>::launch_with(a, dev, ws, bytes, stream);
+      return DispatchEntry<TableBf16Bf16>::launch(a, dev, ws, bytes, stream);
 #if defined(MLAKIT_PLATFORM_CUDA)
     if (a.kv_type == DType::fp8_e4m3fn)
-      return Decode<Problem<bf16_t, fp8_e4m3fn_t>>::launch_with(a, dev, ws, bytes, stream);
+      return DispatchEntry<TableBf16E4m3fn>::launch(a, dev, ws, bytes, stream);
 #endif
-    return Decode<Problem<bf16_t, kv_any_t>>::launch_with(a, dev, ws, bytes, stream);
+    return DispatchEntry<TableBf16Any>::launch(a, dev, ws, bytes, stream);
   }
   if (a.kv_type == DType::fp16)
-    return Decode<Problem<fp16_t, fp16_t>>::launch_with(a, dev, ws, bytes, stream);
+    return DispatchEntry<TableFp16Fp16>::launch(a, dev, ws, bytes, stream);
 #if defined(MLAKIT_PLATFORM_CUDA)
   if (a.kv_type == DType::fp8_e4m3fn)
-    return Decode<Problem<fp16_t, fp8_e4m3fn_t>>::launch_with(a, dev, ws, bytes, stream);
+    return DispatchEntry<TableFp16E4m3fn>::launch(a, dev, ws, bytes, stream);
 #endif
-  return Decode<Problem<fp16_t, kv_any_t>>::launch_with(a, dev, ws, bytes, stream);
+  return DispatchEntry<TableFp16Any>::launch(a, dev, ws, bytes, stream);
 }
 
 }  // namespace detail

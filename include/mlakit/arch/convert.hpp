@@ -38,7 +38,7 @@ __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
 
 #if defined(MLAKIT_PLATFORM_CUDA)
 // Two e4m3fn bytes (low byte first) -> two floats, through the native cvt (sm_89+: exact for
-// every code, NaN stays NaN; isa-nvidia.md section 6). sm_80 takes the portable decode.
+// every code, NaN stays NaN; docs/design.md, "fp8 decoding"). sm_80 takes the portable decode.
 __device__ __forceinline__ void e4m3fn_x2_to_float(std::uint16_t two, float& lo, float& hi) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   std::uint32_t h2;

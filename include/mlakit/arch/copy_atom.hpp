@@ -1,7 +1,7 @@
 #pragma once
 // 16-byte global -> shared copies. NVIDIA: cp.async with zero fill, completed in groups
 // (sm_80+). AMD: a plain 16-byte load and LDS store, complete on return (clang 15 has no
-// asynchronous global->LDS copy of 16 bytes; see isa-amd.md section 5).
+// asynchronous global->LDS copy of 16 bytes; docs/design.md, "Kernels and schedules").
 #include <cstdint>
 
 #include "../platform/intrinsics.hpp"

@@ -12,8 +12,8 @@ namespace mlakit::arch {
 
 #if defined(MLAKIT_PLATFORM_HIP)
 
-// Register fragments of one wave (lane l: g = l / 16 is the lane group, q = l % 16),
-// from shared/isa-amd.md §2 (16x16x16):
+// Register fragments of one wave for the 16x16x16 MFMA (lane l: g = l / 16 is the lane group,
+// q = l % 16):
 //   A 16x16 [i][k]: 4 x 16-bit per lane, A[q][4g + e] in element e   (2 VGPRs)
 //   B 16x16 [k][j]: 4 x 16-bit per lane, B[4g + e][q] in element e   (2 VGPRs)
 //   C 16x16 [i][j]: 4 x f32 per lane, element e at row 4g + e, column q.
@@ -92,8 +92,8 @@ struct MmaAtomMfma16 {
   // so it gathers them with 4 scalar 16-bit LDS reads (ds_read_u16). Correct, not fast.
   // Faster paths: gfx950's transposing ds_read_b64_tr_b16; or storing V as [dim][token] in
   // LDS at copy time (then this is one 8-byte read, like load_b_nk); and computing
-  // S^T = K Q^T instead (isa-amd.md §2), whose accumulator already is the B layout, so P^T
-  // feeds O^T = V^T P^T from registers with no LDS round trip for P.
+  // S^T = K Q^T instead (the A/B/C layouts above), whose accumulator already is the B layout, so
+  // P^T feeds O^T = V^T P^T from registers with no LDS round trip for P.
   template <class Layout>
   __device__ static void load_b_kn(FragB (&b)[2], const T* tile, int k0, int n0, int lane) {
     const int k = k0 + 4 * (lane >> 4), n = n0 + (lane & 15);

@@ -1,6 +1,7 @@
 #pragma once
 #include <cstdint>
 
+#include "config.hpp"
 #include "dtype.hpp"
 
 namespace mlakit {
@@ -10,7 +11,7 @@ namespace mlakit {
 inline constexpr int kHeadDimQK = 576;
 inline constexpr int kHeadDimV = 512;
 
-// The supported domain (design.md). Outside it decode() returns a Status.
+// The supported domain (docs/design.md, "Domain"). Outside it decode() returns a Status.
 inline constexpr int kMaxHeads = 128;
 inline constexpr int kMaxQLen = 32;
 inline constexpr int kMaxPageSize = 256;
@@ -53,19 +54,28 @@ struct DecodeArgs {
   const void* kv = nullptr;
   std::int64_t kv_stride_page = 0;
   std::int64_t kv_stride_token = 0;
-  int page_size = 0;      // tokens per page, 1..256
-  float kv_scale = 1.0f;  // fp8 caches: value = decode(byte) * kv_scale; 1 for 16-bit caches
+  int page_size = 0;  // tokens per page, 1..256
+  // Every cache element is read as decode(element) * kv_scale, whatever kv_type is: the
+  // dequantisation scale of an fp8 cache, and for a 16-bit cache 1 (no change) or any other
+  // finite value > 0, which then scales K and V alike.
+  float kv_scale = 1.0f;
 
   // --- page ids ----------------------------------------------------------------------------
   PageIds page_ids = PageIds::block_table;
   const std::int32_t* block_table = nullptr;  // [batch, >= max_pages_per_request]
+  // Entries between the rows of consecutive requests; 0 (the default, and what
+  // set_packed_strides() sets) means rows of exactly max_pages_per_request entries.
   std::int64_t block_table_stride = 0;
-  int max_pages_per_request = 0;  // block-table capacity; kv_len is clamped to it on device
+  int max_pages_per_request = 0;             // pages of every request's block-table row
   const std::int32_t* kv_indptr = nullptr;   // [batch + 1]
-  const std::int32_t* kv_indices = nullptr;  // [kv_indptr[batch]]
+  const std::int32_t* kv_indices = nullptr;  // [kv_indptr[batch]]; may be null when no request
+                                             // has a page (every request then has none)
 
   // kv_len[b] on the device: cached tokens of request b including its q_len new ones.
-  // Any value >= 0; values beyond the request's page capacity are clamped on the device.
+  // Any value is accepted and nothing is reported: negative values count as 0, and values
+  // beyond the request's page capacity (block table: max_pages_per_request x page_size; CSR:
+  // (kv_indptr[b + 1] - kv_indptr[b]) x page_size) are clamped to it on the device, so no page
+  // outside the request's mapping is ever read. See page_capacity() in core/plan.hpp.
   const std::int32_t* kv_len = nullptr;
 
   // --- outputs -----------------------------------------------------------------------------
@@ -89,7 +99,9 @@ struct DecodeArgs {
 
 // Sets every stride of `a` for densely packed tensors of the shapes in `a`
 // (Q/O [batch, q_len, heads, D], KV [pages, page_size, 576], LSE [batch, q_len, heads],
-// block table [batch, max_pages_per_request]).
+// block table [batch, max_pages_per_request]). Reads num_heads, q_len and page_size only: the
+// block-table stride is set to 0 (packed rows), which follows max_pages_per_request whenever
+// that is set.
 inline void set_packed_strides(DecodeArgs& a) {
   a.q_stride_head = kHeadDimQK;
   a.q_stride_token = std::int64_t(a.num_heads) * kHeadDimQK;
@@ -102,7 +114,13 @@ inline void set_packed_strides(DecodeArgs& a) {
   a.lse_stride_head = 1;
   a.lse_stride_token = a.num_heads;
   a.lse_stride_batch = std::int64_t(a.q_len) * a.num_heads;
-  a.block_table_stride = a.max_pages_per_request;
+  a.block_table_stride = 0;
+}
+
+// Entries between the block-table rows of consecutive requests: block_table_stride, or
+// max_pages_per_request when it is 0 (packed rows).
+MLAKIT_HOST_DEVICE inline std::int64_t block_table_row_stride(const DecodeArgs& a) {
+  return a.block_table_stride != 0 ? a.block_table_stride : a.max_pages_per_request;
 }
 
 }  // namespace mlakit

@@ -2,6 +2,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "config.hpp"
+
 namespace mlakit {
 
 // Element types the library reads and writes. Q and O share one 16-bit type; the KV cache
@@ -15,15 +17,22 @@ enum class DType : std::uint8_t {
 
 inline constexpr int kNumDTypes = 4;
 
-constexpr std::size_t dtype_bytes(DType t) {
+// These are host and device functions: the kernels size and decode KV by them, and a user's
+// plain `nvcc -std=c++17` compile (no --expt-relaxed-constexpr) must accept that.
+
+MLAKIT_HOST_DEVICE constexpr std::size_t dtype_bytes(DType t) {
   return (t == DType::bf16 || t == DType::fp16) ? 2 : 1;
 }
 
-constexpr bool is_fp8(DType t) { return t == DType::fp8_e4m3fn || t == DType::fp8_e4m3fnuz; }
+MLAKIT_HOST_DEVICE constexpr bool is_fp8(DType t) {
+  return t == DType::fp8_e4m3fn || t == DType::fp8_e4m3fnuz;
+}
 
-constexpr bool is_valid_dtype(DType t) { return static_cast<unsigned>(t) < kNumDTypes; }
+MLAKIT_HOST_DEVICE constexpr bool is_valid_dtype(DType t) {
+  return static_cast<unsigned>(t) < kNumDTypes;
+}
 
-constexpr const char* dtype_name(DType t) {
+MLAKIT_HOST_DEVICE constexpr const char* dtype_name(DType t) {
   switch (t) {
     case DType::bf16:
       return "bf16";

@@ -1,7 +1,7 @@
 #pragma once
 // Bit-exact 16-bit and fp8 number types shared by host and device. One implementation of
 // every decode and encode, so the reference, the tests and the kernels agree to the bit
-// (see shared/facts.md, "Formats").
+// (docs/design.md, "Number formats").
 //
 // Only integer operations and exact float operations are used: no <cmath>, no CUDA/HIP
 // intrinsics, nothing that flush-to-zero or fast-math could change. Float <-> bits goes

@@ -57,6 +57,18 @@ MLAKIT_HOST_DEVICE inline int plan_num_ctas(SplitMode mode, int fixed_splits, in
   return g < cap ? g : cap;
 }
 
+// Tokens the page mapping of request b holds: max_pages_per_request x page_size (block table)
+// or (kv_indptr[b + 1] - kv_indptr[b]) x page_size (CSR; 0 when kv_indices is null, which
+// declares that no request has a page). Reads kv_indptr: device memory in the planner kernel,
+// host memory in the reference. Negative for a decreasing kv_indptr; clamp_kv_len takes that
+// as 0.
+MLAKIT_HOST_DEVICE inline std::int64_t page_capacity(const DecodeArgs& a, int b) {
+  if (a.page_ids == PageIds::block_table)
+    return std::int64_t(a.max_pages_per_request) * a.page_size;
+  if (a.kv_indices == nullptr) return 0;
+  return (std::int64_t(a.kv_indptr[b + 1]) - a.kv_indptr[b]) * a.page_size;
+}
+
 // Request length after the device-side clamp: negative values count as 0 and values past the
 // request's page capacity are cut to it, so no page outside the mapping is ever read. A
 // negative capacity (a decreasing CSR kv_indptr) counts as 0.

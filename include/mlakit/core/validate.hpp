@@ -42,23 +42,55 @@ inline Status check_align(const char* name, const void* p, std::uintptr_t bytes)
   return Status::ok();
 }
 
+// Floats as %g prints them ("0", "-0.5", "1e-08", "nan", "inf"): short and exact enough to
+// recognise the value the caller passed.
+inline std::string format_float(float v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", static_cast<double>(v));
+  return buf;
+}
+
 // A stride of a dimension with `extent` > 1 must be >= `min` and a multiple of `multiple`.
 inline Status check_stride(const char* name, std::int64_t stride, int extent, std::int64_t min,
                            std::int64_t multiple) {
   if (extent <= 1) return Status::ok();
-  if (stride < min || stride % multiple != 0)
-    return bad_arg(name, std::to_string(stride),
-                   "a multiple of " + std::to_string(multiple) +
-                       " that is >= " + std::to_string(min) + " elements");
+  if (stride < min || stride % multiple != 0) {
+    std::string allowed = "at least " + std::to_string(min) + " elements";
+    if (multiple > 1) allowed += ", a multiple of " + std::to_string(multiple);
+    return bad_arg(name, std::to_string(stride), allowed);
+  }
   return Status::ok();
 }
 
 inline Status check_scale(const char* name, float v) {
-  if (!std::isfinite(v) || !(v > 0.0f)) return bad_arg(name, std::to_string(v), "finite and > 0");
+  if (!std::isfinite(v) || !(v > 0.0f)) return bad_arg(name, format_float(v), "finite and > 0");
   return Status::ok();
 }
 
 }  // namespace detail
+
+// The arguments that set the size of decode()'s grid and workspace: batch, num_heads, q_len,
+// split_mode and (fixed mode) num_splits. workspace_bytes() checks only these, so a workspace
+// can be sized before any buffer exists.
+inline Status validate_shape(const DecodeArgs& a) {
+  using namespace detail;
+  Status s;
+  if (!(s = check_range("batch", a.batch, 0, kMaxBatch))) return s;
+  if (!(s = check_range("num_heads", a.num_heads, 1, kMaxHeads))) return s;
+  if (!(s = check_range("q_len", a.q_len, 1, kMaxQLen))) return s;
+  if (a.split_mode != SplitMode::automatic && a.split_mode != SplitMode::none &&
+      a.split_mode != SplitMode::fixed)
+    return bad_arg("split_mode", std::to_string(int(a.split_mode)), "automatic, none or fixed");
+  if (a.split_mode == SplitMode::fixed &&
+      !(s = check_range("num_splits", a.num_splits, 1, kMaxSplits)))
+    return s;
+  if (a.split_mode == SplitMode::fixed && a.batch > 0 &&
+      (long long)a.batch * a.num_splits > kMaxBatch)
+    return bad_arg("num_splits", std::to_string(a.num_splits),
+                   "batch x num_splits <= " + std::to_string(kMaxBatch) + " (batch " +
+                       std::to_string(a.batch) + ")");
+  return Status::ok();
+}
 
 // Full validation of a decode() request. Ok means the shape is inside the domain and every
 // pointer and stride the kernels use is present and consistent.
@@ -71,23 +103,11 @@ inline Status validate(const DecodeArgs& a) {
   if (!is_valid_dtype(a.kv_type))
     return bad_arg("kv_type", std::to_string(int(a.kv_type)),
                    "bf16, fp16, fp8_e4m3fn or fp8_e4m3fnuz");
-  if (!(s = check_range("batch", a.batch, 0, kMaxBatch))) return s;
-  if (!(s = check_range("num_heads", a.num_heads, 1, kMaxHeads))) return s;
-  if (!(s = check_range("q_len", a.q_len, 1, kMaxQLen))) return s;
+  if (!(s = validate_shape(a))) return s;
   if (!(s = check_range("page_size", a.page_size, 1, kMaxPageSize))) return s;
   if (!(s = check_scale("softmax_scale", a.softmax_scale))) return s;
+  // kv_scale multiplies every cache element, 16-bit caches included (see DecodeArgs).
   if (!(s = check_scale("kv_scale", a.kv_scale))) return s;
-  if (a.split_mode != SplitMode::automatic && a.split_mode != SplitMode::none &&
-      a.split_mode != SplitMode::fixed)
-    return bad_arg("split_mode", std::to_string(int(a.split_mode)), "automatic, none or fixed");
-  if (a.split_mode == SplitMode::fixed &&
-      !(s = check_range("num_splits", a.num_splits, 1, kMaxSplits)))
-    return s;
-  if (a.split_mode == SplitMode::fixed && a.batch > 0 &&
-      (long long)a.batch * a.num_splits > kMaxBatch)
-    return bad_arg("num_splits", std::to_string(a.num_splits),
-                   "batch x num_splits <= " + std::to_string(kMaxBatch) + " (batch " +
-                       std::to_string(a.batch) + ")");
   if (a.batch == 0) return Status::ok();  // nothing to compute; pointers may be null
 
   if (!(s = check_ptr("q", a.q)) || !(s = check_ptr("kv", a.kv)) ||
@@ -124,12 +144,15 @@ inline Status validate(const DecodeArgs& a) {
   if (a.page_ids == PageIds::block_table) {
     if (!(s = check_ptr("block_table", a.block_table))) return s;
     if (!(s = check_range("max_pages_per_request", a.max_pages_per_request, 1, 1 << 30))) return s;
-    if (a.batch > 1 && a.block_table_stride < a.max_pages_per_request)
+    // 0 selects rows of exactly max_pages_per_request entries (block_table_row_stride()).
+    if (a.batch > 1 && a.block_table_stride != 0 && a.block_table_stride < a.max_pages_per_request)
       return bad_arg("block_table_stride", std::to_string(a.block_table_stride),
-                     ">= max_pages_per_request (" + std::to_string(a.max_pages_per_request) + ")");
+                     ">= max_pages_per_request (" + std::to_string(a.max_pages_per_request) +
+                         "), or 0 for packed rows");
   } else if (a.page_ids == PageIds::csr) {
-    if (!(s = check_ptr("kv_indptr", a.kv_indptr)) || !(s = check_ptr("kv_indices", a.kv_indices)))
-      return s;
+    // kv_indices may be null: then no request has a page (page_capacity() is 0) and the
+    // kernels never read it.
+    if (!(s = check_ptr("kv_indptr", a.kv_indptr))) return s;
   } else {
     return bad_arg("page_ids", std::to_string(int(a.page_ids)), "block_table or csr");
   }

@@ -1,7 +1,8 @@
 #pragma once
 // The device planner: one block reads kv_len and writes the work list (RequestPlan per
 // request, CtaPlan per CTA) with the same functions as plan_on_host(). No host read, no
-// dependence of the grid on kv_len: graph capture safe.
+// dependence of the grid on kv_len: graph capture safe. Page capacities and the kv_len clamp
+// are core/plan.hpp's page_capacity() and clamp_kv_len(), which the host reference uses too.
 #include "../core/plan.hpp"
 #include "../platform/block_scan.hpp"
 #include "../platform/platform.hpp"
@@ -12,12 +13,6 @@
 namespace mlakit::detail {
 
 inline constexpr int kPlannerThreads = 1024;
-
-__device__ inline std::int64_t page_capacity(const DecodeArgs& a, int b) {
-  if (a.page_ids == PageIds::block_table)
-    return std::int64_t(a.max_pages_per_request) * a.page_size;
-  return std::int64_t(a.kv_indptr[b + 1] - a.kv_indptr[b]) * a.page_size;
-}
 
 template <int Threads = kPlannerThreads>
 __global__ void __launch_bounds__(Threads)

@@ -1,5 +1,5 @@
 #pragma once
-// Host reference of MLA decode in absorbed form (shared/facts.md), in double precision.
+// Host reference of MLA decode in absorbed form (docs/design.md, "Domain"), in double precision.
 // Tests, examples and benchmarks compare the GPU kernels against it, so it follows the exact
 // semantics decode() promises over the whole domain: both page-id formats, any page size,
 // kv_len clamped to the request's page capacity, bottom-right causal windows (core's
@@ -16,6 +16,7 @@
 #include "../core/decode_args.hpp"
 #include "../core/dtype.hpp"
 #include "../core/numeric.hpp"
+#include "../core/plan.hpp"
 #include "../core/status.hpp"
 
 namespace mlakit {
@@ -32,24 +33,15 @@ inline Status invalid(const std::string& msg) {
   return Status(StatusCode::invalid_argument, "decode_reference: " + msg);
 }
 
-// Page capacity of request b in tokens; kv_len[b] is clamped to it, as on the device.
-inline std::int64_t capacity_tokens(const DecodeArgs& a, int b) {
-  const std::int64_t pages = a.page_ids == PageIds::block_table
-                                 ? std::int64_t(a.max_pages_per_request)
-                                 : std::int64_t(a.kv_indptr[b + 1]) - std::int64_t(a.kv_indptr[b]);
-  return std::max<std::int64_t>(pages, 0) * a.page_size;
-}
-
-// kv_len[b] clamped to [0, capacity].
+// kv_len[b] clamped to [0, page capacity], with the device planner's functions (core/plan.hpp).
 inline int effective_kv_len(const DecodeArgs& a, int b) {
-  const std::int64_t len = std::min<std::int64_t>(a.kv_len[b], capacity_tokens(a, b));
-  return int(std::max<std::int64_t>(len, 0));
+  return clamp_kv_len(a.kv_len[b], page_capacity(a, b));
 }
 
 // Page id holding the i-th page of request b.
 inline std::int64_t page_id(const DecodeArgs& a, int b, std::int64_t i) {
   return a.page_ids == PageIds::block_table
-             ? a.block_table[std::int64_t(b) * a.block_table_stride + i]
+             ? a.block_table[std::int64_t(b) * block_table_row_stride(a) + i]
              : a.kv_indices[std::int64_t(a.kv_indptr[b]) + i];
 }
 
@@ -149,7 +141,6 @@ inline Status check_reference_args(const DecodeArgs& a) {
                              " < 0: must be >= 0");
   } else if (a.page_ids == PageIds::csr) {
     if (a.kv_indptr == nullptr) return detail::invalid("kv_indptr is null with page_ids = csr");
-    if (a.kv_indices == nullptr) return detail::invalid("kv_indices is null with page_ids = csr");
   } else {
     return detail::invalid("page_ids " + to_string(int(a.page_ids)) +
                            ": must be block_table (0) or csr (1)");
