@@ -2,7 +2,7 @@
 // cuBLAS bf16 matrix product), then sweeps decode shapes. Per shape: one correctness check of
 // sampled rows against the double-precision reference, then timed calls rotating over KV sets
 // so the cache does not sit in L2; counters give the median time, bytes/s and FLOP/s as
-// counted in shared/facts.md, percent of the measured ceilings, the plan (CTAs, partials) and
+// counted as docs/design.md ("Work and traffic") says, percent of the measured ceilings, the plan (CTAs, partials) and
 // the time with split-KV off (planner + combine overhead = time - time with splits off).
 //   mlakit_bench [--quick] [google benchmark flags, e.g. --benchmark_format=json]
 #include <benchmark/benchmark.h>

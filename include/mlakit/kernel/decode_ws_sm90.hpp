@@ -87,6 +87,9 @@ struct WsMainloop {
   static constexpr int kProducerRegs = 40;
   static constexpr int kChunkBytes = Tile::kChunkBytes;  // 64 tokens x 64 columns, 8 KB
   static constexpr int kLo = 0, kHi = 1;                 // release groups: chunks 0-3, 4-8
+  // fp8: the raw bytes of chunks [C0, C1) sit at the top of those chunks' converted region.
+  template <int C0, int C1>
+  static constexpr int kRawBase = C1* kChunkBytes - (C1 - C0) * 4096;
   static_assert(Tr::kRows == 64, "the warp-specialized mainloop serves 64-row tiles");
   static_assert(sizeof(WsSharedStorage) + sizeof(WsStaticStorage) <= 232448,
                 "fits the 227 KB of an sm_90 block");
@@ -182,12 +185,8 @@ struct WsMainloop {
   // values go to the swizzled tile. Converted chunk c covers bytes [8 KB c, 8 KB (c + 1)) and
   // overwrites only raw chunks already read.
   template <int C0, int C1>
-  static constexpr int raw_base() {
-    return C1 * kChunkBytes - (C1 - C0) * 4096;
-  }
-  template <int C0, int C1>
   __device__ void copy_raw(unsigned char* stage, int kt, int kv_end, int tid) const {
-    unsigned char* raw = stage + raw_base<C0, C1>();
+    unsigned char* raw = stage + kRawBase<C0, C1>;
     const int sub = tid % 4;
 #pragma unroll
     for (int pass = 0; pass < 2; ++pass) {
@@ -206,7 +205,7 @@ struct WsMainloop {
   template <int C0, int C1>
   __device__ void convert_fp8(unsigned char* stage, const Pipeline& pipe, const State& st,
                               int tid) const {
-    const unsigned char* raw = stage + raw_base<C0, C1>();
+    const unsigned char* raw = stage + kRawBase<C0, C1>;
 #pragma unroll 1
     for (int c = C0; c < C1; ++c) {
       uint4 in[2];
