@@ -70,7 +70,8 @@ def _extensions():
         name="mlakit._C",
         sources=["csrc/kernels.cu", "csrc/binding.cpp"],
         include_dirs=[include, os.path.join(HERE, "csrc")],
-        extra_compile_args={"cxx": ["-O2", "-std=c++17"], "nvcc": nvcc},
+        # No -std for the host compiler: PyTorch adds the standard its headers need.
+        extra_compile_args={"cxx": ["-O2"], "nvcc": nvcc},
     )
     return [module], {"build_ext": ext.BuildExtension}
 

@@ -105,9 +105,11 @@ Status fill_args(mlakit::DecodeArgs& a, const at::Tensor& q, const at::Tensor& k
   a.batch = static_cast<int>(q.size(0));
   a.q_len = static_cast<int>(q.size(1));
   a.num_heads = static_cast<int>(q.size(2));
-  if (q.size(0) > mlakit::kMaxBatch || q.size(1) > mlakit::kMaxQLen ||
-      q.size(2) > mlakit::kMaxHeads || q.size(0) < 0)
-    return bad("q has shape " + shape_of(q) + ": at most [65535, 32, 128, 576]");
+  // Ranges are the library's to check (mlakit::validate names the argument); here only what
+  // would not fit the int fields of DecodeArgs.
+  constexpr int64_t kIntMax = 0x7fffffff;
+  if (q.size(0) > kIntMax || q.size(1) > kIntMax || q.size(2) > kIntMax)
+    return bad("q has shape " + shape_of(q) + ": dimensions beyond the int range");
   if (q.size(3) != mlakit::kHeadDimQK || q.stride(3) != 1)
     return bad("q has shape " + shape_of(q) + ": the last dimension must be 576 and contiguous");
   if (kv.size(kv.dim() - 1) != mlakit::kHeadDimQK || kv.stride(kv.dim() - 1) != 1)
@@ -127,8 +129,8 @@ Status fill_args(mlakit::DecodeArgs& a, const at::Tensor& q, const at::Tensor& k
   a.kv = kv.data_ptr();
   a.kv_stride_page = kv.stride(0);
   a.kv_stride_token = kv.stride(1);
-  if (kv.size(1) > mlakit::kMaxPageSize || kv.size(1) < 1)
-    return bad("kv_cache has shape " + shape_of(kv) + ": page_size must be 1..256");
+  if (kv.size(1) > kIntMax)
+    return bad("kv_cache has shape " + shape_of(kv) + ": page size beyond the int range");
   a.page_size = static_cast<int>(kv.size(1));
 
   const bool has_table = block_table.has_value() && block_table->defined();
@@ -138,9 +140,9 @@ Status fill_args(mlakit::DecodeArgs& a, const at::Tensor& q, const at::Tensor& k
     return bad("page ids: give either block_table or both kv_indptr and kv_indices");
   if (has_table) {
     if (!(s = check_index("block_table", *block_table, dev, 2, a.batch))) return s;
-    if (block_table->size(1) < 1 || block_table->size(1) > (int64_t(1) << 30))
+    if (block_table->size(1) > kIntMax)
       return bad("block_table has shape " + shape_of(*block_table) +
-                 ": needs 1..2^30 pages per request");
+                 ": pages per request beyond the int range");
     a.page_ids = mlakit::PageIds::block_table;
     a.block_table = block_table->data_ptr<std::int32_t>();
     a.block_table_stride = block_table->stride(0);
