@@ -354,3 +354,32 @@ def test_flashmla_adapter_new_style_metadata_and_errors():
         flashmla.flash_mla_with_kvcache(*args, 512, meta, None, is_fp8_kvcache=True)
     with pytest.raises(mlakit.ArgumentError, match="indices"):
         flashmla.flash_mla_with_kvcache(*args, 512, meta, None, indices=torch.zeros(1, 1, 8, dtype=torch.int32))
+
+
+# ---- FlashInfer adapter ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_flashinfer_adapter_layout(q_len):
+    from mlakit.flashinfer import BatchMLAPagedAttentionWrapper
+    case = make_case(batch=3, q_len=q_len, heads=4, page_size=1, kv_lens=(7, 30, 0), seed=19)
+    kv = case["kv_cache"]
+    q = case["q"].reshape(3 * q_len, 4, 576)
+    w = BatchMLAPagedAttentionWrapper(torch.empty(1, dtype=torch.uint8))
+    qo_indptr = torch.arange(4, dtype=torch.int32) * q_len
+    w.plan(qo_indptr, case["kv_indptr"], case["kv_indices"], case["kv_len"], 4, 512, 64, 1, q_len > 1,
+           SCALE, torch.bfloat16, torch.bfloat16)
+    out, lse2 = w.run(q[..., :512], q[..., 512:], kv[..., :512], kv[..., 512:], return_lse=True)
+    ref_out, ref_lse = reference(case, "csr", softmax_scale=SCALE, causal=q_len > 1)
+    torch.testing.assert_close(out, ref_out.bfloat16().reshape(3 * q_len, 4, 512))
+    torch.testing.assert_close(lse2 * math.log(2.0), ref_lse.reshape(3 * q_len, 4))
+    with pytest.raises(mlakit.ArgumentError, match="not the two parts of one cache row"):
+        w.run(q[..., :512], q[..., 512:], kv[..., :512].clone(), kv[..., 512:])
+
+
+def test_flashinfer_adapter_rejects_ragged_q():
+    from mlakit.flashinfer import BatchMLAPagedAttentionWrapper
+    case = make_case(batch=3, q_len=1, heads=4, page_size=1, kv_lens=(7, 30, 0))
+    w = BatchMLAPagedAttentionWrapper(None)
+    with pytest.raises(mlakit.ArgumentError, match="same number of query tokens"):
+        w.plan(torch.tensor([0, 1, 3, 4], dtype=torch.int32), case["kv_indptr"], case["kv_indices"],
+               case["kv_len"], 4, 512, 64, 1, True, SCALE, torch.bfloat16, torch.bfloat16)
