@@ -18,7 +18,7 @@ fi
 
 t0=$SECONDS
 python3 -m venv "$venv"
-"$venv/bin/pip" install -q --disable-pip-version-check torch pytest
+"$venv/bin/pip" install -q --disable-pip-version-check torch numpy pytest
 "$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'
 echo "python-ci.sh: venv + torch + pytest took $((SECONDS - t0)) s"
 
