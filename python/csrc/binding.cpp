@@ -13,6 +13,8 @@
 #include <string>
 #include <tuple>
 
+#include <mlakit/core/status.hpp>
+
 #include "bridge.hpp"
 
 namespace {
@@ -23,6 +25,10 @@ using Result = std::tuple<int, std::string, std::string>;
 
 Result to_result(const Status& s) {
   return Result(static_cast<int>(s.code()), mlakit::status_code_name(s.code()), s.message());
+}
+
+Result from_bridge(int code, const char* message) {
+  return to_result(Status(static_cast<StatusCode>(code), message));
 }
 
 Status bad(const std::string& message) { return Status(StatusCode::invalid_argument, message); }
@@ -204,7 +210,10 @@ Result decode(const at::Tensor& q, const at::Tensor& kv_cache,
   }
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
-  return to_result(mlakit_torch::run_decode(a, ws, ws_bytes, stream));
+  char message[mlakit_torch::kMessageCapacity] = {};
+  const int code =
+      mlakit_torch::run_decode(a, ws, ws_bytes, stream, message, sizeof(message));
+  return from_bridge(code, message);
 }
 
 // Workspace bytes for `batch` requests of `rows` rows (heads x q_len) each: the size depends
@@ -229,7 +238,9 @@ std::tuple<int64_t, int, std::string, std::string> workspace_bytes(int64_t batch
     s = bad("workspace: split mode " + std::to_string(split_mode) + " is not 0, 1 or 2");
   else {
     const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index));
-    s = mlakit_torch::query_workspace_bytes(a, &bytes);
+    char message[mlakit_torch::kMessageCapacity] = {};
+    const int code = mlakit_torch::query_workspace_bytes(a, &bytes, message, sizeof(message));
+    s = Status(static_cast<StatusCode>(code), message);
   }
   return {bytes, static_cast<int>(s.code()), mlakit::status_code_name(s.code()), s.message()};
 }

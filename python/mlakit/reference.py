@@ -15,6 +15,14 @@ import torch
 from ._checks import HEAD_DIM_QK, HEAD_DIM_V
 
 
+def _gather(kv, idx):
+    """kv[idx] for any cache dtype (fp8 pages are gathered as bytes: index_select does not
+    take every fp8 dtype on every device)."""
+    if kv.element_size() == 1:
+        return kv.view(torch.uint8).index_select(0, idx).view(kv.dtype)
+    return kv.index_select(0, idx)
+
+
 def decode_reference(q, kv_cache, kv_len, *, block_table=None, kv_indptr=None, kv_indices=None,
                      softmax_scale, kv_scale=1.0, causal=True):
     """Returns (out, lse) in float32: out [batch, q_len, heads, 512], lse [batch, q_len, heads]."""
@@ -37,7 +45,7 @@ def decode_reference(q, kv_cache, kv_len, *, block_table=None, kv_indptr=None, k
         length = min(max(lens[b], 0), len(pages) * page_size)
         used = pages[:(length + page_size - 1) // page_size]
         idx = torch.tensor(used, dtype=torch.long, device=kv.device)
-        keys = kv.index_select(0, idx).reshape(-1, HEAD_DIM_QK)[:length].float() * kv_scale
+        keys = _gather(kv, idx).reshape(-1, HEAD_DIM_QK)[:length].float() * kv_scale
         s = torch.einsum("thd,nd->thn", q[b].float(), keys) * softmax_scale
         if causal:
             t = torch.arange(q_len, device=q.device).view(q_len, 1, 1)

@@ -17,7 +17,7 @@ def make_case(batch=3, q_len=4, heads=16, q_dtype=torch.bfloat16, kv_dtype=torch
     perm = torch.randperm(total, generator=g).tolist()
     kv = torch.randn(total, page_size, 576, generator=g)
     q = torch.randn(batch, q_len, heads, 576, generator=g)
-    table = torch.zeros(batch, max(pages_per), dtype=torch.int32)
+    table = torch.zeros(batch, max(pages_per, default=1), dtype=torch.int32)
     indptr = [0]
     indices = []
     for b, n in enumerate(pages_per):

@@ -177,6 +177,15 @@ def test_reference_matches_naive_loop(kind, causal, kv_dtype):
         torch.testing.assert_close(lse[b], l.float(), atol=1e-5, rtol=1e-5)
 
 
+def test_empty_batch_and_empty_lengths():
+    case = make_case(batch=0, kv_lens=())
+    out, lse = call_op(case)
+    assert out.shape == (0, 4, 16, 512) and lse.shape == (0, 4, 16)
+    case = make_case(batch=2, kv_lens=(0, 0), page_size=8)
+    out, lse = call_op(case, "csr")
+    assert torch.all(out == 0) and torch.all(lse == -math.inf)
+
+
 def test_block_table_and_csr_agree():
     case = make_case(page_size=16, kv_lens=(0, 37, 300))
     a = reference(case, "table", softmax_scale=SCALE)
