@@ -208,12 +208,16 @@ Result decode(const at::Tensor& q, const at::Tensor& kv_cache,
     ws = workspace->data_ptr();
     ws_bytes = static_cast<std::size_t>(workspace->numel()) * workspace->element_size();
   }
-  const c10::cuda::CUDAGuard guard(q.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
-  char message[mlakit_torch::kMessageCapacity] = {};
-  const int code =
-      mlakit_torch::run_decode(a, ws, ws_bytes, stream, message, sizeof(message));
-  return from_bridge(code, message);
+  try {
+    const c10::cuda::CUDAGuard guard(q.device());
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+    char message[mlakit_torch::kMessageCapacity] = {};
+    const int code =
+        mlakit_torch::run_decode(a, ws, ws_bytes, stream, message, sizeof(message));
+    return from_bridge(code, message);
+  } catch (const c10::Error& e) {  // PyTorch could not select the device or its stream
+    return to_result(Status(StatusCode::runtime_error, e.what_without_backtrace()));
+  }
 }
 
 // Workspace bytes for `batch` requests of `rows` rows (heads x q_len) each: the size depends
@@ -237,10 +241,14 @@ std::tuple<int64_t, int, std::string, std::string> workspace_bytes(int64_t batch
   else if (split_mode < 0 || split_mode > 2)
     s = bad("workspace: split mode " + std::to_string(split_mode) + " is not 0, 1 or 2");
   else {
-    const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index));
-    char message[mlakit_torch::kMessageCapacity] = {};
-    const int code = mlakit_torch::query_workspace_bytes(a, &bytes, message, sizeof(message));
-    s = Status(static_cast<StatusCode>(code), message);
+    try {
+      const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index));
+      char message[mlakit_torch::kMessageCapacity] = {};
+      const int code = mlakit_torch::query_workspace_bytes(a, &bytes, message, sizeof(message));
+      s = Status(static_cast<StatusCode>(code), message);
+    } catch (const c10::Error& e) {  // no such device, or no usable driver
+      s = Status(StatusCode::runtime_error, e.what_without_backtrace());
+    }
   }
   return {bytes, static_cast<int>(s.code()), mlakit::status_code_name(s.code()), s.message()};
 }

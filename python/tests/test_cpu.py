@@ -392,3 +392,28 @@ def test_flashinfer_adapter_rejects_ragged_q():
     with pytest.raises(mlakit.ArgumentError, match="same number of query tokens"):
         w.plan(torch.tensor([0, 1, 3, 4], dtype=torch.int32), case["kv_indptr"], case["kv_indices"],
                case["kv_len"], 4, 512, 64, 1, True, SCALE, torch.bfloat16, torch.bfloat16)
+
+
+# ---- the compiled binding, where it was built (CI builds it; no GPU needed) --------------------
+
+needs_ext = pytest.mark.skipif(not mlakit.has_cuda_extension(), reason="the extension is not built")
+
+
+@needs_ext
+def test_binding_reports_cpu_tensors_as_a_status():
+    case = make_case(batch=2, q_len=2, heads=4, kv_lens=(3, 90), page_size=16)
+    q = case["q"]
+    out = torch.empty(q.shape[:3] + (512,), dtype=q.dtype)
+    code, name, message = mlakit._ext._C.decode(q, case["kv_cache"], case["block_table"], None, None,
+                                                case["kv_len"], out, None, None, SCALE, 1.0, True, 0, 0)
+    assert (code, name, message) == (1, "invalid_argument", "q: must be a CUDA tensor")
+
+
+@needs_ext
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
+def test_binding_without_a_gpu_reports_a_runtime_error():
+    size, code, name, message = mlakit._ext._C.workspace_bytes(4, 32, 0, 0, 0)
+    assert (code, name) == (4, "runtime_error") and message
+    with pytest.raises(mlakit.Error) as e:
+        mlakit.workspace(4, 16, 2, device="cuda:0")
+    assert e.value.code == "runtime_error"
