@@ -144,7 +144,7 @@ def test_strided_views():
                      kv_lens=(0, 37, 300), device="cuda", seed=13)
     qw = torch.zeros(3, 4, 16, 640, dtype=torch.bfloat16, device="cuda")
     qw[..., :576] = case["q"]
-    kvw = torch.zeros(case["kv_cache"].shape[:2] + (1, 704), dtype=case["kv_cache"].dtype, device="cuda")
+    kvw = torch.zeros(case["kv_cache"].shape[:2] + (1, 704), dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
     kvw[:, :, 0, :576] = case["kv_cache"]
     ow = torch.zeros(3, 4, 16, 600, dtype=torch.bfloat16, device="cuda")
     lw = torch.zeros(3, 4, 19, device="cuda")
