@@ -16,6 +16,7 @@ rejects the shape is reported with the reason instead of a time.
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 
@@ -23,8 +24,12 @@ import torch
 
 try:
     import mlakit
-except ImportError:
-    sys.exit("mlakit is not installed: pip install --no-build-isolation ./python")
+except ImportError:  # not installed: the package of this checkout (built in place)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+    try:
+        import mlakit
+    except ImportError:
+        sys.exit("mlakit is not installed: pip install --no-build-isolation ./python")
 
 
 def make_inputs(batch, q_len, heads, kv_len, page_size, kv_dtype, seed=0):
