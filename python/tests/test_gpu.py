@@ -18,7 +18,9 @@ PAIRS = [(q, kv) for q in (torch.bfloat16, torch.float16)
 # Relative L2 error of O against the float32 reference: output rounding (bf16 2^-9, fp16 2^-12
 # per element) plus the kernels' 16-bit P; a wrong mask, page or scale gives errors near 1.
 O_TOL = {torch.bfloat16: 1e-2, torch.float16: 4e-3}
-LSE_TOL = 2e-3
+# LSE: the reference reads the cache values exactly; the converting instantiations round a
+# 16-bit cache to Q's type (bf16 Q, fp16 cache: ~1e-3 per score), exact ones are near 1e-6.
+LSE_TOL = 4e-3
 
 
 @pytest.fixture(scope="module", autouse=True)
