@@ -417,3 +417,23 @@ def test_binding_without_a_gpu_reports_a_runtime_error():
     with pytest.raises(mlakit.Error) as e:
         mlakit.workspace(4, 16, 2, device="cuda:0")
     assert e.value.code == "runtime_error"
+
+
+def test_flashinfer_adapter_cuda_graph_buffers_keep_their_addresses():
+    from mlakit.flashinfer import BatchMLAPagedAttentionWrapper
+    case = make_case(batch=3, q_len=1, heads=4, page_size=1, kv_lens=(7, 30, 2), seed=21)
+    bufs = dict(kv_indptr=torch.zeros(8, dtype=torch.int32), kv_indices=torch.zeros(100, dtype=torch.int32),
+                kv_len_arr=torch.zeros(8, dtype=torch.int32))
+    w = BatchMLAPagedAttentionWrapper(None, use_cuda_graph=True, **bufs)
+    kv, q = case["kv_cache"], case["q"].reshape(3, 4, 576)
+    for lens in [(7, 30, 2), (1, 5, 0)]:
+        case["kv_len"] = torch.tensor(lens, dtype=torch.int32)
+        w.plan(torch.arange(4, dtype=torch.int32), case["kv_indptr"], case["kv_indices"], case["kv_len"],
+               4, 512, 64, 1, False, SCALE, torch.bfloat16, torch.bfloat16)
+        assert w._plan["kv_len"].data_ptr() == bufs["kv_len_arr"].data_ptr()
+        assert w._plan["kv_indices"].data_ptr() == bufs["kv_indices"].data_ptr()
+        out = w.run(q[..., :512], q[..., 512:], kv[..., :512], kv[..., 512:])
+        ref, _ = reference(case, "csr", softmax_scale=SCALE, causal=False)
+        torch.testing.assert_close(out, ref.bfloat16().reshape(3, 4, 512))
+    with pytest.raises(mlakit.ArgumentError, match="needs the kv_indptr, kv_indices and kv_len_arr buffers"):
+        BatchMLAPagedAttentionWrapper(None, use_cuda_graph=True)
