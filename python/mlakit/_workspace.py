@@ -16,7 +16,8 @@ import threading
 import torch
 
 from . import _ext
-from ._checks import MAX_BATCH, MAX_HEADS, MAX_Q_LEN, SPLIT_MODES, Error, _check_range
+from ._checks import (MAX_BATCH, MAX_HEADS, MAX_Q_LEN, SPLIT_MODES, ArgumentError, Error, _check_range,
+                      _domain)
 
 _lock = threading.Lock()
 _buffers = {}  # (device index, rows, split code, splits) -> uint8 tensor
@@ -78,11 +79,10 @@ def workspace(batch, num_heads, q_len, *, split="auto", num_splits=0, device=Non
     _check_range("num_heads", num_heads, 1, MAX_HEADS)
     _check_range("q_len", q_len, 1, MAX_Q_LEN)
     if split not in SPLIT_MODES:
-        from ._checks import _domain
         raise _domain("split_mode", repr(split), "'auto', 'none' or 'fixed'")
     device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     if device.type != "cuda":
-        raise Error(f"workspace: device {device} is not a CUDA device", "invalid_argument")
+        raise ArgumentError(f"workspace: device {device} is not a CUDA device")
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     return buffer_for(device, batch, num_heads * q_len, SPLIT_MODES[split], num_splits)
