@@ -14,7 +14,7 @@ import torch
 from . import _ext
 from ._checks import (HEAD_DIM_QK, HEAD_DIM_V, KV_DTYPES, MAX_BATCH, MAX_HEADS, MAX_PAGE_SIZE,
                       MAX_Q_LEN, MAX_SPLITS, Q_DTYPES, ArgumentError, Error)
-from ._op import decode_op
+from ._op import decode_op  # noqa: F401  (importing it registers torch.ops.mlakit.decode)
 from ._workspace import release_workspaces, workspace
 from .reference import decode_reference
 
