@@ -8,8 +8,9 @@ installed (FlashMLA, FlashInfer), with one harness and the same inputs, on this 
 
 Each kernel runs the same problem: batch requests of kv-len cached tokens (causal, the q_len
 new tokens included), a paged latent cache (576 values per token) with a shuffled block table.
-Every call is captured in a CUDA graph and replayed (launch overhead excluded, as in serving);
-the time is the median over --reps replays of --iters calls each. Every peer's output is
+Every call is captured in a CUDA graph and replayed (launch overhead excluded, as in serving;
+a kernel that cannot be captured is timed with plain launches and marked so); the time is the
+median over --reps repetitions of --iters calls each. Every peer's output is
 compared with mlakit's (relative L2), so a fast wrong answer shows. A peer that is missing or
 rejects the shape is reported with the reason instead of a time.
 """
@@ -92,7 +93,9 @@ def setup_flashinfer(t, kv_scale):
 PEERS = {"mlakit": setup_mlakit, "flashmla": setup_flashmla, "flashinfer": setup_flashinfer}
 
 
-def time_graph(call, iters, reps):
+def time_calls(call, iters, reps):
+    """Median microseconds per call: CUDA-graph replays of `iters` calls, or plain launches
+    when the kernel cannot be captured (then the time includes launch overhead)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -100,21 +103,30 @@ def time_graph(call, iters, reps):
             call()
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(iters):
-            call()
-    g.replay()
+    try:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(iters):
+                call()
+        run, mode = g.replay, "graph"
+        run()
+    except Exception:  # not capturable: time plain calls
+        torch.cuda.synchronize()
+
+        def run():
+            for _ in range(iters):
+                call()
+        mode = "eager"
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        g.replay()
+        run()
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b) * 1000.0 / iters)
-    return statistics.median(times)
+    return statistics.median(times), mode
 
 
 def main():
@@ -149,11 +161,11 @@ def main():
                 torch.cuda.synchronize()
                 if base is None and name == "mlakit":
                     base = out
-                us = time_graph(call, a.iters, a.reps)
+                us, mode = time_calls(call, a.iters, a.reps)
                 diff = ((out - base).norm() / base.norm()).item() if base is not None and name != "mlakit" else 0.0
-                row.update(us=us, tb_s=kv_bytes / us / 1e6, tflop_s=flops / us / 1e6, rel_l2_vs_mlakit=diff)
+                row.update(us=us, timing=mode, tb_s=kv_bytes / us / 1e6, tflop_s=flops / us / 1e6, rel_l2_vs_mlakit=diff)
                 print(f"{q_len:>5}  {name:<10} {us:>9.1f} {row['tb_s']:>6.2f} {row['tflop_s']:>8.1f}  "
-                      f"{'' if name == 'mlakit' else f'rel L2 {diff:.2e}'}")
+                      f"{'' if name == 'mlakit' else f'rel L2 {diff:.2e}'}{'' if mode == 'graph' else ' (not capturable: plain launches)'}")
             except Exception as e:  # a missing or refusing peer is a result too
                 row["error"] = f"{type(e).__name__}: {e}"
                 print(f"{q_len:>5}  {name:<10} {'n/a':>9}  ({row['error'][:100]})")
