@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""Times torch.ops.mlakit.decode against the MLA decode kernels of whichever peers are
+installed (FlashMLA, FlashInfer), with one harness and the same inputs, on this GPU.
+
+    python bench/torch_bench.py                          # 16 heads, q_len 1 2 4 8, bf16 cache
+    python bench/torch_bench.py --kv-dtype fp8 --batch 64 --kv-len 4096 --q-len 1 8
+    python bench/torch_bench.py --json results.json
+
+Each kernel runs the same problem: batch requests of kv-len cached tokens (causal, the q_len
+new tokens included), a paged latent cache (576 values per token) with a shuffled block table.
+Every call is captured in a CUDA graph and replayed (launch overhead excluded, as in serving;
+a kernel that cannot be captured is timed with plain launches and marked so); the time is the
+median over --reps repetitions of --iters calls each. Every peer's output is
+compared with mlakit's (relative L2), so a fast wrong answer shows. A peer that is missing or
+rejects the shape is reported with the reason instead of a time.
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+
+import torch
+
+try:
+    import mlakit
+except ImportError:  # not installed: the package of this checkout (built in place)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+    try:
+        import mlakit
+    except ImportError:
+        sys.exit("mlakit is not installed: pip install --no-build-isolation ./python")
+
+
+def make_inputs(batch, q_len, heads, kv_len, page_size, kv_dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    pages_per = math.ceil(kv_len / page_size)
+    pages = batch * pages_per
+    q = torch.randn(batch, q_len, heads, 576, device="cuda", generator=g).bfloat16()
+    kv = torch.randn(pages, page_size, 576, device="cuda", generator=g)
+    kv = kv.to(torch.float8_e4m3fn if kv_dtype == "fp8" else torch.bfloat16)
+    table = torch.randperm(pages, device="cuda", generator=g).to(torch.int32).view(batch, pages_per)
+    lens = torch.full((batch,), kv_len, dtype=torch.int32, device="cuda")
+    return dict(q=q, kv=kv, table=table, lens=lens, scale=576 ** -0.5)
+
+
+def setup_mlakit(t, kv_scale):
+    out = torch.empty(t["q"].shape[:3] + (512,), dtype=t["q"].dtype, device="cuda")
+    lse = torch.empty(t["q"].shape[:3], device="cuda")
+
+    def call():
+        mlakit.decode(t["q"], t["kv"], t["lens"], block_table=t["table"], softmax_scale=t["scale"],
+                      kv_scale=kv_scale, out=out, lse=lse)
+        return out
+    return call
+
+
+def setup_flashmla(t, kv_scale):
+    import flash_mla
+    if t["kv"].dtype != torch.bfloat16:
+        raise RuntimeError("FlashMLA's fp8 decode uses its own 656-byte cache layout")
+    k_cache = t["kv"].unsqueeze(2)
+    q = t["q"]
+    meta, splits = flash_mla.get_mla_metadata(t["lens"], q.shape[1] * q.shape[2], 1)
+
+    def call():
+        return flash_mla.flash_mla_with_kvcache(q, k_cache, t["table"], t["lens"], 512, meta, splits,
+                                                softmax_scale=t["scale"], causal=True)[0]
+    return call
+
+
+def setup_flashinfer(t, kv_scale):
+    import flashinfer
+    q, kv, table = t["q"], t["kv"], t["table"]
+    batch, q_len, heads, _ = q.shape
+    page_size = kv.shape[1]
+    ws = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+    w = flashinfer.mla.BatchMLAPagedAttentionWrapper(ws)
+    qo_indptr = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * q_len
+    kv_indptr = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * table.shape[1]
+    w.plan(qo_indptr, kv_indptr, table.flatten().contiguous(), t["lens"], heads, 512, 64, page_size,
+           q_len > 1, t["scale"], q.dtype, kv.dtype)
+    qf = q.reshape(batch * q_len, heads, 576)
+    q_nope, q_pe = qf[..., :512].contiguous(), qf[..., 512:].contiguous()
+    ckv, kpe = kv[..., :512], kv[..., 512:]
+
+    def call():
+        return w.run(q_nope, q_pe, ckv, kpe).view(batch, q_len, heads, 512)
+    return call
+
+
+PEERS = {"mlakit": setup_mlakit, "flashmla": setup_flashmla, "flashinfer": setup_flashinfer}
+
+
+def time_calls(call, iters, reps):
+    """Median microseconds per call: CUDA-graph replays of `iters` calls, or plain launches
+    when the kernel cannot be captured (then the time includes launch overhead)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            call()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    try:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(iters):
+                call()
+        run, mode = g.replay, "graph"
+        run()
+    except Exception:  # not capturable: time plain calls
+        torch.cuda.synchronize()
+
+        def run():
+            for _ in range(iters):
+                call()
+        mode = "eager"
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        run()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000.0 / iters)
+    return statistics.median(times), mode
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--q-len", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--kv-len", type=int, default=8192)
+    p.add_argument("--page-size", type=int, default=64)
+    p.add_argument("--kv-dtype", choices=["bf16", "fp8"], default="bf16")
+    p.add_argument("--peers", nargs="+", default=list(PEERS), choices=list(PEERS))
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--json", help="also write the results to this file")
+    a = p.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("no CUDA GPU")
+    print(f"{torch.cuda.get_device_name()}; batch {a.batch}, {a.heads} heads, kv_len {a.kv_len}, "
+          f"page {a.page_size}, bf16 Q, {a.kv_dtype} cache, causal")
+    print(f"{'q_len':>5}  {'kernel':<10} {'us':>9} {'TB/s':>6} {'TFLOP/s':>8}  vs mlakit")
+    results = []
+    for q_len in a.q_len:
+        t = make_inputs(a.batch, q_len, a.heads, a.kv_len, a.page_size, a.kv_dtype)
+        kv_bytes = a.batch * a.kv_len * 576 * t["kv"].element_size()
+        flops = 2 * a.batch * q_len * a.heads * a.kv_len * (576 + 512)
+        base = None
+        for name in a.peers:
+            row = dict(q_len=q_len, kernel=name)
+            try:
+                call = PEERS[name](t, 1.0)
+                out = call().float()
+                torch.cuda.synchronize()
+                if base is None and name == "mlakit":
+                    base = out
+                us, mode = time_calls(call, a.iters, a.reps)
+                diff = ((out - base).norm() / base.norm()).item() if base is not None and name != "mlakit" else 0.0
+                row.update(us=us, timing=mode, tb_s=kv_bytes / us / 1e6, tflop_s=flops / us / 1e6, rel_l2_vs_mlakit=diff)
+                print(f"{q_len:>5}  {name:<10} {us:>9.1f} {row['tb_s']:>6.2f} {row['tflop_s']:>8.1f}  "
+                      f"{'' if name == 'mlakit' else f'rel L2 {diff:.2e}'}{'' if mode == 'graph' else ' (not capturable: plain launches)'}")
+            except Exception as e:  # a missing or refusing peer is a result too
+                row["error"] = f"{type(e).__name__}: {e}"
+                print(f"{q_len:>5}  {name:<10} {'n/a':>9}  ({row['error'][:100]})")
+            results.append(row)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), args=vars(a), results=results), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+// The library's dispatch table, compiled once for the extension. No PyTorch header here.
+#include <mlakit/mlakit.hpp>
+
+#include <cstring>
+
+#include "bridge.hpp"
+
+namespace mlakit_torch {
+
+namespace {
+int report(const mlakit::Status& s, char* message, std::size_t capacity) {
+  if (capacity > 0) {
+    const std::size_t n = s.message().size() < capacity - 1 ? s.message().size() : capacity - 1;
+    std::memcpy(message, s.message().data(), n);
+    message[n] = '\0';
+  }
+  return static_cast<int>(s.code());
+}
+}  // namespace
+
+int run_decode(const mlakit::DecodeArgs& a, void* workspace, std::size_t bytes, void* stream,
+               char* message, std::size_t capacity) {
+  return report(mlakit::decode(a, workspace, bytes, static_cast<cudaStream_t>(stream)), message,
+                capacity);
+}
+
+int query_workspace_bytes(const mlakit::DecodeArgs& a, std::int64_t* bytes, char* message,
+                          std::size_t capacity) {
+  mlakit::DeviceInfo dev;
+  mlakit::Status s = mlakit::cached_device_info(&dev);
+  if (s) *bytes = static_cast<std::int64_t>(mlakit::workspace_bytes(a, dev));
+  return report(s, message, capacity);
+}
+
+}  // namespace mlakit_torch

@@ -1,0 +1,151 @@
+"""Argument checks of torch.ops.mlakit.decode, shared by the fake (meta), CPU and CUDA
+implementations so that every one of them rejects the same calls with the same message.
+
+They read shapes, dtypes, devices and strides only (never tensor data), so they also run on
+fake tensors while torch.compile traces. Range checks use the library's message format
+("q_len = 40: not in the supported domain (allowed 1..32)"); the library repeats them in C++
+(mlakit::validate) together with the checks that need addresses (alignment).
+"""
+import math
+
+import torch
+
+HEAD_DIM_QK = 576  # each cache row: 512 latent values, then 64 rotary values
+HEAD_DIM_V = 512
+MAX_HEADS = 128
+MAX_Q_LEN = 32
+MAX_PAGE_SIZE = 256
+MAX_SPLITS = 64
+MAX_BATCH = 65535
+
+Q_DTYPES = (torch.bfloat16, torch.float16)
+KV_DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+SPLIT_MODES = {"auto": 0, "none": 1, "fixed": 2}
+
+
+class Error(RuntimeError):
+    """A failure reported by mlakit. `code` is the library's StatusCode name
+    ("invalid_argument", "not_supported", "workspace_too_small", "runtime_error")."""
+
+    def __init__(self, message, code="runtime_error"):
+        super().__init__(message)
+        self.code = code
+
+
+class ArgumentError(Error, ValueError):
+    """An argument outside what mlakit accepts; the message names it, its value and the
+    allowed range."""
+
+    def __init__(self, message):
+        super().__init__(message, "invalid_argument")
+
+
+def _domain(name, value, allowed):
+    return ArgumentError(f"{name} = {value}: not in the supported domain ({allowed})")
+
+
+def _check_range(name, value, lo, hi):
+    if not lo <= value <= hi:
+        raise _domain(name, value, f"allowed {lo}..{hi}")
+
+
+def _check_scale(name, value):
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or not value > 0:
+        raise _domain(name, value, "finite and > 0")
+
+
+def _shape(t):
+    return list(t.shape)
+
+
+def _tensor(name, t, device, dims, dtypes=None, dtype_names=None):
+    if not isinstance(t, torch.Tensor):
+        raise ArgumentError(f"{name}: a tensor is required, got {type(t).__name__}")
+    if t.device != device:
+        raise ArgumentError(f"{name} is on {t.device}, q on {device}: all tensors must be on one device")
+    if t.dim() not in dims:
+        want = " or ".join(str(d) for d in dims)
+        raise ArgumentError(f"{name} has shape {_shape(t)}: expected {want} dimensions")
+    if dtypes is not None and t.dtype not in dtypes:
+        raise ArgumentError(f"{name}: dtype {t.dtype} is not supported (allowed: {dtype_names})")
+
+
+def _index(name, t, device, dims, rows):
+    _tensor(name, t, device, dims, (torch.int32,), "torch.int32")
+    if t.shape[0] != rows:
+        raise ArgumentError(f"{name} has shape {_shape(t)}: expected {rows} rows")
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ArgumentError(f"{name}: its last dimension must be contiguous (stride {t.stride(-1)})")
+
+
+def check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
+                      softmax_scale, kv_scale, causal, split, num_splits, workspace):
+    """Raises ArgumentError for a call the op does not accept; returns None otherwise."""
+    if not isinstance(q, torch.Tensor):
+        raise ArgumentError(f"q: a tensor is required, got {type(q).__name__}")
+    device = q.device
+    _tensor("q", q, device, (4,), Q_DTYPES, "torch.bfloat16, torch.float16")
+    batch, q_len, heads, dim = q.shape
+    if dim != HEAD_DIM_QK:
+        raise ArgumentError(f"q has shape {_shape(q)}: expected [batch, q_len, heads, 576] "
+                            "(512 latent + 64 rotary values per head)")
+    if q.stride(3) != 1:
+        raise ArgumentError(f"q: the last dimension must be contiguous (stride {q.stride(3)})")
+    _check_range("batch", batch, 0, MAX_BATCH)
+    _check_range("num_heads", heads, 1, MAX_HEADS)
+    _check_range("q_len", q_len, 1, MAX_Q_LEN)
+
+    _tensor("kv_cache", kv_cache, device, (3, 4), KV_DTYPES,
+            "torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e4m3fnuz")
+    if kv_cache.dim() == 4 and kv_cache.shape[2] != 1:
+        raise ArgumentError(f"kv_cache has shape {_shape(kv_cache)}: MLA has one latent KV head "
+                            "([pages, page_size, 1, 576])")
+    if kv_cache.shape[-1] != HEAD_DIM_QK:
+        hint = ""
+        if kv_cache.shape[-1] in (HEAD_DIM_V, HEAD_DIM_QK - HEAD_DIM_V):
+            hint = ("; a view such as kv[..., :512] or kv[..., 512:] is one part of the cache: pass "
+                    "the whole 576-wide row (mlakit.join_latent_cache joins two such views)")
+        raise ArgumentError(f"kv_cache has shape {_shape(kv_cache)}: expected [pages, page_size, 576] "
+                            f"(each row 512 latent + 64 rotary values){hint}")
+    if kv_cache.stride(-1) != 1:
+        raise ArgumentError(f"kv_cache: the last dimension must be contiguous (stride {kv_cache.stride(-1)})")
+    _check_range("page_size", kv_cache.shape[1], 1, MAX_PAGE_SIZE)
+
+    _tensor("out", out, device, (4,), (q.dtype,), str(q.dtype) + " (q's dtype)")
+    if tuple(out.shape) != (batch, q_len, heads, HEAD_DIM_V):
+        raise ArgumentError(f"out has shape {_shape(out)}: expected {[batch, q_len, heads, HEAD_DIM_V]}")
+    if out.stride(3) != 1:
+        raise ArgumentError(f"out: the last dimension must be contiguous (stride {out.stride(3)})")
+    if lse is not None:
+        _tensor("lse", lse, device, (3,), (torch.float32,), "torch.float32")
+        if tuple(lse.shape) != (batch, q_len, heads):
+            raise ArgumentError(f"lse has shape {_shape(lse)}: expected {[batch, q_len, heads]}")
+
+    has_table = block_table is not None
+    has_csr = kv_indptr is not None or kv_indices is not None
+    if has_table == has_csr or (has_csr and (kv_indptr is None or kv_indices is None)):
+        raise ArgumentError("page ids: give either block_table [batch, max_pages] or both kv_indptr "
+                            "[batch + 1] and kv_indices")
+    if has_table:
+        _index("block_table", block_table, device, (2,), batch)
+        if block_table.shape[1] < 1:
+            raise ArgumentError(f"block_table has shape {_shape(block_table)}: needs at least one page per request")
+    else:
+        _index("kv_indptr", kv_indptr, device, (1,), batch + 1)
+        _index("kv_indices", kv_indices, device, (1,), kv_indices.shape[0] if isinstance(kv_indices, torch.Tensor) else 0)
+    _index("kv_len", kv_len, device, (1,), batch)
+
+    _check_scale("softmax_scale", softmax_scale)
+    _check_scale("kv_scale", kv_scale)
+    if not isinstance(causal, bool):
+        raise ArgumentError(f"causal = {causal!r}: True or False")
+    if split not in SPLIT_MODES:
+        raise _domain("split_mode", repr(split), "'auto', 'none' or 'fixed'")
+    if split == "fixed":
+        _check_range("num_splits", num_splits, 1, MAX_SPLITS)
+        if batch > 0 and batch * num_splits > MAX_BATCH:
+            raise _domain("num_splits", num_splits, f"batch x num_splits <= {MAX_BATCH} (batch {batch})")
+    if workspace is not None:
+        _tensor("workspace", workspace, device, (1,))
+        if not workspace.is_contiguous():
+            raise ArgumentError("workspace: must be contiguous")

@@ -1,0 +1,109 @@
+"""FlashMLA's Python interface on top of torch.ops.mlakit.decode, for engines that call
+`get_mla_metadata` / `flash_mla_with_kvcache` (dense decode, one latent KV head):
+
+    from mlakit.flashmla import get_mla_metadata, flash_mla_with_kvcache
+
+Same arguments and outputs: q [b, s_q, h_q, 576], k_cache [blocks, page_block_size, 1, 576],
+block_table [b, max_blocks] int32, cache_seqlens [b] int32, head_dim_v 512; returns
+out [b, s_q, h_q, 512] and softmax_lse [b, h_q, s_q] float32 (+inf for a row that sees no key,
+as FlashMLA reports it). Both metadata styles are accepted: the older
+get_mla_metadata(cache_seqlens, s_q * h_q // h_k, h_k) -> (metadata, num_splits) and the newer
+argument-free get_mla_metadata() -> (metadata, None). mlakit plans splits on the device, so the
+metadata only carries the workspace: when given the older arguments outside a CUDA graph
+capture, get_mla_metadata sizes it, which makes a following capture safe.
+
+Not supported (ArgumentError): FlashMLA's own fp8 cache layout (is_fp8_kvcache=True, 656
+bytes per token), sparse attention (indices, topk_length, extra_k_cache, attn_sink) and
+descale_q. A float8_e4m3fn k_cache with one scale is: pass descale_k (a float or a
+one-element tensor, read once on the host) or kv_scale.
+"""
+import math
+
+import torch
+
+from . import _ext, _workspace
+from ._checks import HEAD_DIM_V, ArgumentError
+
+__all__ = ["get_mla_metadata", "flash_mla_with_kvcache", "FlashMLASchedMeta"]
+
+
+class FlashMLASchedMeta:
+    """Scheduling metadata as FlashMLA's callers hold it. mlakit needs none of FlashMLA's tile
+    schedule; `workspace` is the buffer sized by get_mla_metadata (None when not sized)."""
+
+    def __init__(self, workspace=None):
+        self.workspace = workspace
+        self.have_initialized = False
+
+
+def get_mla_metadata(cache_seqlens=None, num_q_tokens_per_head_k=None, num_heads_k=1, *args, **kwargs):
+    """Returns (FlashMLASchedMeta, None). With the older arguments, on a CUDA device and outside
+    a CUDA graph capture, it also sizes the decode workspace for this batch and row count."""
+    if cache_seqlens is None:
+        cache_seqlens = kwargs.get("cache_seqlens")
+    if num_q_tokens_per_head_k is None:
+        num_q_tokens_per_head_k = kwargs.get("num_q_tokens_per_head_k", kwargs.get("num_heads_per_head_k"))
+    num_heads_k = kwargs.get("num_heads_k", num_heads_k)
+    meta = FlashMLASchedMeta()
+    if (isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.is_cuda and num_q_tokens_per_head_k
+            and _ext._C is not None):
+        rows = int(num_q_tokens_per_head_k) * int(num_heads_k)
+        with torch.cuda.device(cache_seqlens.device):
+            capturing = torch.cuda.is_current_stream_capturing()
+        if not capturing and cache_seqlens.shape[0] > 0:
+            meta.workspace = _workspace.buffer_for(cache_seqlens.device, cache_seqlens.shape[0], rows, 0, 0)
+    return meta, None
+
+
+def _scale_value(name, value):
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ArgumentError(f"{name} has shape {list(value.shape)}: one scale per cache expected")
+        if value.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise ArgumentError(f"{name}: a CUDA tensor cannot be read during graph capture; pass a float")
+        return float(value.item())
+    return float(value)
+
+
+def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata=None,
+                           num_splits=None, softmax_scale=None, causal=False, *, descale_q=None, descale_k=None,
+                           kv_scale=None, is_fp8_kvcache=False, indices=None, attn_sink=None,
+                           extra_k_cache=None, extra_indices_in_kvcache=None, topk_length=None,
+                           extra_topk_length=None, out=None):
+    """FlashMLA's dense decode call; returns (out, softmax_lse [b, h_q, s_q])."""
+    if head_dim_v != HEAD_DIM_V:
+        raise ArgumentError(f"head_dim_v = {head_dim_v}: not in the supported domain (512)")
+    if is_fp8_kvcache:
+        raise ArgumentError("is_fp8_kvcache = True: FlashMLA's fp8 cache layout (656 bytes per token, "
+                            "per-tile scales) is not supported; mlakit reads float8_e4m3fn caches of 576 "
+                            "values per token with one kv_scale")
+    sparse = dict(indices=indices, attn_sink=attn_sink, extra_k_cache=extra_k_cache,
+                  extra_indices_in_kvcache=extra_indices_in_kvcache, topk_length=topk_length,
+                  extra_topk_length=extra_topk_length)
+    given = [k for k, v in sparse.items() if v is not None]
+    if given:
+        raise ArgumentError(f"{', '.join(given)}: sparse attention is not supported by mlakit")
+    if descale_q is not None:
+        raise ArgumentError("descale_q: fp8 queries are not supported (q is bf16 or fp16)")
+    if block_table is None or cache_seqlens is None:
+        raise ArgumentError("block_table and cache_seqlens are required for dense decode")
+    scale = _scale_value("descale_k", descale_k) if kv_scale is None else float(kv_scale)
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** -0.5
+    workspace = None
+    if isinstance(tile_scheduler_metadata, FlashMLASchedMeta):
+        tile_scheduler_metadata.have_initialized = True
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    out, lse = _decode(q, k_cache, cache_seqlens, block_table, softmax_scale, 1.0 if scale is None else scale,
+                       causal, out, lse, workspace)
+    # FlashMLA's layout [b, h_q, s_q], and +inf where no key was seen.
+    lse = torch.where(lse == -math.inf, torch.full_like(lse, math.inf), lse)
+    return out, lse.transpose(1, 2).contiguous()
+
+
+def _decode(q, k_cache, cache_seqlens, block_table, softmax_scale, kv_scale, causal, out, lse, workspace):
+    from . import decode
+    return decode(q, k_cache, cache_seqlens, block_table=block_table, softmax_scale=softmax_scale,
+                  kv_scale=kv_scale, causal=bool(causal), out=out, lse=lse, workspace=workspace)
