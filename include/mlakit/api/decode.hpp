@@ -64,6 +64,8 @@ namespace detail {
 
 // Raises the dynamic shared-memory limit of one kernel once per device. `Tag` makes the
 // "done" flags distinct per kernel instantiation (all of them share one pointer type).
+// `device` must be the current device (the attribute applies to it): launch_with() checks it.
+// Threads racing on a first call each set the attribute (the same value) before launching.
 template <class Tag, class Kernel>
 inline Status prepare_kernel(Kernel kernel, int smem_bytes, int device) {
   constexpr int kMaxDevices = 64;
@@ -101,16 +103,22 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   k.scale_log2 = a.softmax_scale * a.kv_scale * kLog2e;
   k.out_scale = a.kv_scale;
 
-  plan_kernel<><<<1, kPlannerThreads, 0, stream>>>(a, shape, k.ws);
-  if (!(s = check_launch("plan_kernel"))) return s;
-  decode_kernel<Tr>
-      <<<dim3(shape.row_tiles, shape.num_ctas), Tr::kThreads, Tr::kSmemBytes, stream>>>(k);
-  if (!(s = check_launch("decode_kernel"))) return s;
+  // Everything that can fail without a GPU fault has been checked above: from here on only a
+  // launch the runtime rejects returns early (inside a stream capture the caller then ends
+  // and discards the capture).
+  if (!(s = launch_kernel("plan_kernel", plan_kernel<>, dim3(1), dim3(kPlannerThreads), 0, stream,
+                          a, shape, k.ws)))
+    return s;
+  if (!(s = launch_kernel("decode_kernel", decode_kernel<Tr>,
+                          dim3(shape.row_tiles, shape.num_ctas), dim3(Tr::kThreads),
+                          Tr::kSmemBytes, stream, k)))
+    return s;
   if (shape.max_partials() > 0) {
     constexpr int kRowsPerBlock = kCombineThreads / kWarpSize;
     const dim3 grid(a.batch, (a.rows() + kRowsPerBlock - 1) / kRowsPerBlock);
-    combine_kernel<typename Problem::q_type><<<grid, kCombineThreads, 0, stream>>>(a, k.ws);
-    if (!(s = check_launch("combine_kernel"))) return s;
+    if (!(s = launch_kernel("combine_kernel", combine_kernel<typename Problem::q_type>, grid,
+                            dim3(kCombineThreads), 0, stream, a, k.ws)))
+      return s;
   }
   return Status::ok();
 }
@@ -162,6 +170,8 @@ struct Decode {
     return Status::ok();
   }
 
+  // Launches on the current device; `stream` must belong to it (README: "Devices, threads
+  // and CUDA graphs").
   static Status launch(const DecodeArgs& a, void* workspace, std::size_t workspace_size,
                        Stream stream) {
     Status s = check(a);
@@ -171,9 +181,14 @@ struct Decode {
     return launch_with(a, dev, workspace, workspace_size, stream);
   }
 
-  // Launch without argument checks (the dispatch table has already run them).
+  // Launch without the argument checks of check() (the dispatch table has already run them).
+  // `dev` must describe the current device, `stream` must belong to it and `workspace` must
+  // not be another device's memory: otherwise an invalid_argument Status, before anything
+  // is launched or any kernel attribute is set.
   static Status launch_with(const DecodeArgs& a, const DeviceInfo& dev, void* workspace,
                             std::size_t workspace_size, Stream stream) {
+    const Status s = detail::check_launch_device(dev, workspace, stream);
+    if (!s) return s;
     if constexpr (Problem::kRows > 0) {
       constexpr int idx = arch::policy_index_for_rows(Problem::kRows);
       return detail::launch_instance<Problem, idx>(a, dev, workspace, workspace_size, stream);
