@@ -225,8 +225,30 @@ inline Status check_launch_device(const DeviceInfo& dev, const void* workspace, 
                       std::to_string(current) + "; pass the DeviceInfo of device " +
                       std::to_string(current) + " or make device " + std::to_string(dev.device) +
                       " current)");
-  if (!(s = check_stream_device(stream, current))) return s;
-  return check_workspace_device(workspace, current);
+  // The stream and pointer queries are no stream work, but the runtimes do not document
+  // them as allowed while a stream capture (global mode) is in progress: they run in the
+  // relaxed capture mode of this thread, so that they cannot invalidate a capture.
+#if defined(MLAKIT_PLATFORM_CUDA)
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  if (!(s = rt_check(cudaThreadExchangeStreamCaptureMode(&mode),
+                     "cudaThreadExchangeStreamCaptureMode")))
+    return s;
+#else
+  hipStreamCaptureMode mode = hipStreamCaptureModeRelaxed;
+  if (!(s = rt_check(hipThreadExchangeStreamCaptureMode(&mode),
+                     "hipThreadExchangeStreamCaptureMode")))
+    return s;
+#endif
+  s = check_stream_device(stream, current);
+  if (s) s = check_workspace_device(workspace, current);
+#if defined(MLAKIT_PLATFORM_CUDA)
+  const Status restored = rt_check(cudaThreadExchangeStreamCaptureMode(&mode),
+                                   "cudaThreadExchangeStreamCaptureMode (restore)");
+#else
+  const Status restored = rt_check(hipThreadExchangeStreamCaptureMode(&mode),
+                                   "hipThreadExchangeStreamCaptureMode (restore)");
+#endif
+  return s ? restored : s;
 }
 #endif
 
