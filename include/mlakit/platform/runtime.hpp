@@ -96,17 +96,49 @@ inline Status launch_kernel(const char* name, void (*kernel)(Params...), dim3 gr
                 std::string("launch of ") + name + " failed: " + rt_error_string(e));
 }
 
-// Allows `kernel` to use `bytes` of dynamic shared memory (above the 48 KB default on NVIDIA).
+// Runs `f` (which returns a Status) with the calling thread in the relaxed stream-capture
+// mode, then restores the thread's mode. The library's runtime calls other than launches
+// (device, stream and pointer queries, kernel attributes) are no stream work, but the
+// runtimes do not document all of them as allowed while a capture is in progress; in the
+// relaxed mode they cannot invalidate a capture of this thread or (global mode) of another.
+template <class F>
+inline Status with_relaxed_capture(const F& f) {
+#if defined(MLAKIT_PLATFORM_CUDA)
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  Status s = rt_check(cudaThreadExchangeStreamCaptureMode(&mode),
+                      "cudaThreadExchangeStreamCaptureMode");
+#else
+  hipStreamCaptureMode mode = hipStreamCaptureModeRelaxed;
+  Status s =
+      rt_check(hipThreadExchangeStreamCaptureMode(&mode), "hipThreadExchangeStreamCaptureMode");
+#endif
+  if (!s) return s;
+  s = f();
+#if defined(MLAKIT_PLATFORM_CUDA)
+  const Status restored = rt_check(cudaThreadExchangeStreamCaptureMode(&mode),
+                                   "cudaThreadExchangeStreamCaptureMode (restore)");
+#else
+  const Status restored = rt_check(hipThreadExchangeStreamCaptureMode(&mode),
+                                   "hipThreadExchangeStreamCaptureMode (restore)");
+#endif
+  return s ? restored : s;
+}
+
+// Allows `kernel` to use `bytes` of dynamic shared memory (above the 48 KB default on NVIDIA)
+// on the current device.
 template <class Kernel>
 inline Status set_dynamic_smem(Kernel kernel, int bytes) {
+  return with_relaxed_capture([&] {
 #if defined(MLAKIT_PLATFORM_CUDA)
-  return rt_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
-                  "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    return rt_check(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+        "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
 #else
-  return rt_check(hipFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                      hipFuncAttributeMaxDynamicSharedMemorySize, bytes),
-                  "hipFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    return rt_check(hipFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                        hipFuncAttributeMaxDynamicSharedMemorySize, bytes),
+                    "hipFuncSetAttribute(MaxDynamicSharedMemorySize)");
 #endif
+  });
 }
 
 inline std::string pointer_string(const void* p) {
@@ -225,30 +257,10 @@ inline Status check_launch_device(const DeviceInfo& dev, const void* workspace, 
                       std::to_string(current) + "; pass the DeviceInfo of device " +
                       std::to_string(current) + " or make device " + std::to_string(dev.device) +
                       " current)");
-  // The stream and pointer queries are no stream work, but the runtimes do not document
-  // them as allowed while a stream capture (global mode) is in progress: they run in the
-  // relaxed capture mode of this thread, so that they cannot invalidate a capture.
-#if defined(MLAKIT_PLATFORM_CUDA)
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  if (!(s = rt_check(cudaThreadExchangeStreamCaptureMode(&mode),
-                     "cudaThreadExchangeStreamCaptureMode")))
-    return s;
-#else
-  hipStreamCaptureMode mode = hipStreamCaptureModeRelaxed;
-  if (!(s = rt_check(hipThreadExchangeStreamCaptureMode(&mode),
-                     "hipThreadExchangeStreamCaptureMode")))
-    return s;
-#endif
-  s = check_stream_device(stream, current);
-  if (s) s = check_workspace_device(workspace, current);
-#if defined(MLAKIT_PLATFORM_CUDA)
-  const Status restored = rt_check(cudaThreadExchangeStreamCaptureMode(&mode),
-                                   "cudaThreadExchangeStreamCaptureMode (restore)");
-#else
-  const Status restored = rt_check(hipThreadExchangeStreamCaptureMode(&mode),
-                                   "hipThreadExchangeStreamCaptureMode (restore)");
-#endif
-  return s ? restored : s;
+  return with_relaxed_capture([&] {
+    const Status st = check_stream_device(stream, current);
+    return st ? check_workspace_device(workspace, current) : st;
+  });
 }
 #endif
 
@@ -315,7 +327,7 @@ inline Status cached_device_info(int dev, DeviceInfo* info) {
     *info = cache[dev];
     return Status::ok();
   }
-  Status s = query_device(dev, info);
+  Status s = detail::with_relaxed_capture([&] { return query_device(dev, info); });
   if (s && dev >= 0 && dev < kMaxDevices) {
     // Threads racing here query the same values; the first one publishes them.
     static std::atomic<bool> writing[kMaxDevices] = {};
