@@ -54,9 +54,9 @@ inline bool gpu_stream_sync(Stream s) { return MLAKIT_T_CHECK(cudaStreamSynchron
 inline int gpu_peek_last_error() { return static_cast<int>(cudaPeekAtLastError()); }
 inline int gpu_take_last_error() { return static_cast<int>(cudaGetLastError()); }
 // Leaves a non-sticky error on the calling thread, as unrelated code might: a call with an
-// invalid device ordinal. Returns the error code now pending.
+// invalid device ordinal (the device count). Returns the error code now pending.
 inline int gpu_plant_error() {
-  (void)cudaSetDevice(-1);
+  (void)cudaSetDevice(gpu_count());
   return static_cast<int>(cudaErrorInvalidDevice);
 }
 // True when the runtime keeps a failed call's error until cudaGetLastError reads it (CUDA).
@@ -97,7 +97,7 @@ inline bool gpu_stream_sync(Stream s) { return MLAKIT_T_CHECK(hipStreamSynchroni
 inline int gpu_peek_last_error() { return static_cast<int>(hipPeekAtLastError()); }
 inline int gpu_take_last_error() { return static_cast<int>(hipGetLastError()); }
 inline int gpu_plant_error() {
-  (void)hipSetDevice(-1);
+  (void)hipSetDevice(gpu_count());
   return static_cast<int>(hipErrorInvalidDevice);
 }
 // HIP runtimes before 7.0 overwrite the last error with the result of every API call, so a
