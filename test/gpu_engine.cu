@@ -50,8 +50,7 @@ Case hot_fp8_case(std::vector<int> lens, std::uint64_t seed) {
   return make_case(DType::bf16, DType::fp8_e4m3fn, 16, 8, PageIds::csr, 1, std::move(lens), seed);
 }
 Case cold_race_case(std::vector<int> lens, std::uint64_t seed) {
-  return make_case(DType::bf16, DType::bf16, 6, 5, PageIds::block_table, 16, std::move(lens),
-                   seed);
+  return make_case(DType::bf16, DType::bf16, 6, 5, PageIds::block_table, 16, std::move(lens), seed);
 }
 
 // Fills the outputs with NaN (synchronous copies: ordered after earlier work on blocking
@@ -138,8 +137,8 @@ void capture(Stream stream, Graph& g, Status* status, const Call& call) {
   REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) == cudaSuccess);
   *status = call();
   const cudaError_t end = cudaStreamEndCapture(stream, &g.graph);
-  INFO("captured call: " << status->message() << "; cudaStreamEndCapture: "
-                         << cudaGetErrorString(end));
+  INFO("captured call: " << status->message()
+                         << "; cudaStreamEndCapture: " << cudaGetErrorString(end));
   REQUIRE(status->is_ok());
   REQUIRE(end == cudaSuccess);
   REQUIRE(g.graph != nullptr);
@@ -159,9 +158,10 @@ void replay_and_check(TestProblem& P, const Graph& g, Stream stream, const std::
 
 }  // namespace
 
-TEST_CASE("engine: a runtime error left on the thread by other code is neither blamed nor "
-          "consumed",
-          "[gpu][engine][stale-error]") {
+TEST_CASE(
+    "engine: a runtime error left on the thread by other code is neither blamed nor "
+    "consumed",
+    "[gpu][engine][stale-error]") {
   MLAKIT_REQUIRE_GPU();
   TestProblem P;
   build(P, hot_fp8_case({0, 5, 700, 2048}, 31));  // automatic split: planner, decode, combine
@@ -169,8 +169,9 @@ TEST_CASE("engine: a runtime error left on the thread by other code is neither b
   DeviceBuffer ws(workspace_for(P.dev));
   REQUIRE(ws.ptr != nullptr);
   if (!kLastErrorPersists)
-    WARN("this HIP runtime overwrites the last error on every call: only the results of "
-         "decode() are checked");
+    WARN(
+        "this HIP runtime overwrites the last error on every call: only the results of "
+        "decode() are checked");
 
   for (int variant = 0; variant < 2; ++variant) {
     const char* name = variant == 0 ? "decode()" : "Decode<Problem>::launch()";
@@ -209,9 +210,10 @@ TEST_CASE("engine: a runtime error left on the thread by other code is neither b
 }
 
 #if defined(MLAKIT_PLATFORM_CUDA)
-TEST_CASE("engine: graph capture is the very first use of a kernel; replays follow kv_len and "
-          "kv_indptr",
-          "[gpu][engine][capture-cold]") {
+TEST_CASE(
+    "engine: graph capture is the very first use of a kernel; replays follow kv_len and "
+    "kv_indptr",
+    "[gpu][engine][capture-cold]") {
   MLAKIT_REQUIRE_GPU();
   OwnedStream stream;
   REQUIRE(stream.ok);
@@ -271,7 +273,8 @@ TEST_CASE("engine: graph capture is the very first use of a kernel; replays foll
     REQUIRE(ws.ptr != nullptr);
     Graph g;
     Status s;
-    capture(stream.s, g, &s, [&] { return ColdCapture::launch(P.dev, ws.ptr, ws.bytes, stream.s); });
+    capture(stream.s, g, &s,
+            [&] { return ColdCapture::launch(P.dev, ws.ptr, ws.bytes, stream.s); });
     std::vector<int> lens = {100, 7, 1000};
     for (int step = 0; step < 4; ++step) {
       REQUIRE(upload_lengths(P, lens));
@@ -420,8 +423,7 @@ TEST_CASE("engine: device arguments are checked", "[gpu][engine][device]") {
   s = HotFp8::launch_with(P.dev, other, ws.ptr, ws.bytes, nullptr);
   INFO(s.message());
   CHECK(s.code() == StatusCode::invalid_argument);
-  CHECK(s.message().find("DeviceInfo.device = " + std::to_string(device + 1)) !=
-        std::string::npos);
+  CHECK(s.message().find("DeviceInfo.device = " + std::to_string(device + 1)) != std::string::npos);
   REQUIRE(gpu_sync());
   CHECK(outputs_untouched(P));
   // The same call with the right DeviceInfo runs.
@@ -493,16 +495,14 @@ TEST_CASE("engine: two GPUs, alternating devices", "[gpu][engine][multi-gpu]") {
         REQUIRE(poison_outputs(C[d]));
         const Status a = decode(P[d].dev, ws[d]->ptr, ws[d]->bytes, streams[d]->s);
         const Status b = ColdRace::launch(C[d].dev, ws[d]->ptr, ws[d]->bytes, streams[d]->s);
-        INFO("round " << round << " device " << d << ": " << a.message() << " / "
-                      << b.message());
+        INFO("round " << round << " device " << d << ": " << a.message() << " / " << b.message());
         CHECK(a.is_ok());
         CHECK(b.is_ok());
       }
       for (int d = 0; d < kDevices; ++d) {
         REQUIRE(gpu_set_device(d));
         REQUIRE(gpu_stream_sync(streams[d]->s));
-        const std::string what =
-            "round " + std::to_string(round) + " device " + std::to_string(d);
+        const std::string what = "round " + std::to_string(round) + " device " + std::to_string(d);
         check_outputs(P[d], what + " decode()");
         check_outputs(C[d], what + " ColdRace::launch");
       }
@@ -545,5 +545,4 @@ TEST_CASE("engine: two GPUs, alternating devices", "[gpu][engine][multi-gpu]") {
     REQUIRE(gpu_stream_sync(streams[1]->s));
     check_outputs(P[1], "device 1 after the rejected calls");
   }
-
 }

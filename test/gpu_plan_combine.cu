@@ -94,9 +94,9 @@ std::string run_planner(const PlannerCase& c) {
   a.split_mode = c.mode;
   a.num_splits = c.splits;
   const detail::WorkspaceView view = detail::workspace_view(ws.ptr, wl, rows_padded);
-  const Status launch = detail::launch_kernel("plan_kernel", detail::plan_kernel<>, dim3(1),
-                                              dim3(detail::kPlannerThreads), 0, nullptr, a,
-                                              shape, view);
+  const Status launch =
+      detail::launch_kernel("plan_kernel", detail::plan_kernel<>, dim3(1),
+                            dim3(detail::kPlannerThreads), 0, nullptr, a, shape, view);
   if (!launch) return launch.message();
   if (!gpu_sync() || !gpu_d2h(image.data(), ws.ptr, bytes)) return "planner failed";
 

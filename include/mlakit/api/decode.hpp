@@ -109,9 +109,8 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   if (!(s = launch_kernel("plan_kernel", plan_kernel<>, dim3(1), dim3(kPlannerThreads), 0, stream,
                           a, shape, k.ws)))
     return s;
-  if (!(s = launch_kernel("decode_kernel", decode_kernel<Tr>,
-                          dim3(shape.row_tiles, shape.num_ctas), dim3(Tr::kThreads),
-                          Tr::kSmemBytes, stream, k)))
+  if (!(s = launch_kernel("decode_kernel", decode_kernel<Tr>, dim3(shape.row_tiles, shape.num_ctas),
+                          dim3(Tr::kThreads), Tr::kSmemBytes, stream, k)))
     return s;
   if (shape.max_partials() > 0) {
     constexpr int kRowsPerBlock = kCombineThreads / kWarpSize;

@@ -84,8 +84,8 @@ inline Status launch_kernel(const char* name, void (*kernel)(Params...), dim3 gr
   config.numAttrs = 0;
   const RtError e = cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(kernel), argv);
 #else
-  const RtError e =
-      cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, block, argv, smem_bytes, stream);
+  const RtError e = cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, block, argv,
+                                     smem_bytes, stream);
 #endif
 #else
   const RtError e =
@@ -105,8 +105,8 @@ template <class F>
 inline Status with_relaxed_capture(const F& f) {
 #if defined(MLAKIT_PLATFORM_CUDA)
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  Status s = rt_check(cudaThreadExchangeStreamCaptureMode(&mode),
-                      "cudaThreadExchangeStreamCaptureMode");
+  Status s =
+      rt_check(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode");
 #else
   hipStreamCaptureMode mode = hipStreamCaptureModeRelaxed;
   Status s =
@@ -157,10 +157,9 @@ inline Status check_device_ordinal(int dev) {
 #endif
   if (!s) return s;
   if (dev < 0 || dev >= count)
-    return Status(StatusCode::invalid_argument,
-                  "device = " + std::to_string(dev) +
-                      ": not a device of this machine (allowed 0.." + std::to_string(count - 1) +
-                      ")");
+    return Status(StatusCode::invalid_argument, "device = " + std::to_string(dev) +
+                                                    ": not a device of this machine (allowed 0.." +
+                                                    std::to_string(count - 1) + ")");
   return Status::ok();
 }
 
@@ -195,8 +194,8 @@ inline Status check_stream_device(Stream stream, int dev) {
   if (owner != dev)
     return Status(StatusCode::invalid_argument,
                   "stream = " + pointer_string(stream) + ": a stream of device " +
-                      std::to_string(owner) + ", not of the current device " +
-                      std::to_string(dev) + " (allowed: a stream of the current device; make device " +
+                      std::to_string(owner) + ", not of the current device " + std::to_string(dev) +
+                      " (allowed: a stream of the current device; make device " +
                       std::to_string(owner) + " current first)");
   return Status::ok();
 }
@@ -221,8 +220,7 @@ inline Status check_workspace_device(const void* workspace, int dev) {
   if (owner != dev)
     return Status(StatusCode::invalid_argument,
                   "workspace = " + pointer_string(workspace) + ": memory of device " +
-                      std::to_string(owner) + ", not of the current device " +
-                      std::to_string(dev) +
+                      std::to_string(owner) + ", not of the current device " + std::to_string(dev) +
                       " (allowed: device memory of the device decode() runs on, sized by "
                       "workspace_bytes() with that device's DeviceInfo)");
   return Status::ok();
@@ -230,19 +228,21 @@ inline Status check_workspace_device(const void* workspace, int dev) {
 #endif
 
 // The calling thread's current device: the one decode() launches on.
+#if defined(MLAKIT_PLATFORM_NONE)
 inline Status current_device(int* dev) {
-#if defined(MLAKIT_PLATFORM_CUDA)
-  return rt_check(cudaGetDevice(dev), "cudaGetDevice");
-#elif defined(MLAKIT_PLATFORM_HIP)
-  return rt_check(hipGetDevice(dev), "hipGetDevice");
-#else
   *dev = 0;
   return Status(StatusCode::not_supported,
                 "no GPU backend: mlakit was compiled without CUDA or HIP");
+}
+#else
+inline Status current_device(int* dev) {
+#if defined(MLAKIT_PLATFORM_CUDA)
+  return rt_check(cudaGetDevice(dev), "cudaGetDevice");
+#else
+  return rt_check(hipGetDevice(dev), "hipGetDevice");
 #endif
 }
 
-#if !defined(MLAKIT_PLATFORM_NONE)
 // Checks that a launch with device info `dev`, `workspace` and `stream` is bound to one
 // device: `dev` describes the current device (kernel attributes and launches apply to the
 // current device), the stream belongs to it and the workspace is not another device's memory.
