@@ -3,7 +3,10 @@
 // A serving engine captures its decode step once and replays the graph, updating only device
 // memory between replays: the new query tokens and kv_len, which grows by q_len each step.
 // decode() allows that: it does no host sync, allocation or host read of device data, its grid
-// does not depend on kv_len values, and it reads kv_len on the device.
+// does not depend on kv_len values, and it reads kv_len on the device. It may be captured on
+// its first use (no ordinary call is needed before). Every argument, pointers and
+// max_pages_per_request included, is frozen into the graph: the block table here is sized
+// for the last step's lengths before the capture (README: "Devices, threads and CUDA graphs").
 //
 // Shape: bf16 Q and cache, 16 heads, q_len 4, causal, page size 16 with a block table, four
 // requests. Each replay is checked against the host reference (exit 1 on a mismatch).
@@ -138,17 +141,13 @@ int main() {
     ws_bytes = workspace_bytes(a, dev);  // independent of kv_len: sized once
     ws = mem.alloc(ws_bytes);
     GPU_CHECK(GPU(StreamCreate)(&stream));
-    // The first decode() on a device queries it and sets kernel attributes: make that call
-    // outside the capture.
-    check_status(decode(a, ws, ws_bytes, stream), "decode (warm-up)");
-    GPU_CHECK(GPU(StreamSynchronize)(stream));
   }
 #if defined(MLAKIT_PLATFORM_CUDA)
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t replay = nullptr;
   if (gpu) {
     GPU_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    const Status s = decode(a, ws, ws_bytes, stream);  // recorded, not run
+    const Status s = decode(a, ws, ws_bytes, stream);  // its first use: recorded, not run
     GPU_CHECK(cudaStreamEndCapture(stream, &graph));
     check_status(s, "decode (captured)");
     GPU_CHECK(cudaGraphInstantiate(&replay, graph, 0));

@@ -38,6 +38,30 @@ inline bool gpu_present() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
+inline int gpu_count() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+inline bool gpu_set_device(int d) { return MLAKIT_T_CHECK(cudaSetDevice(d)); }
+inline int gpu_current_device() {
+  int d = -1;
+  return MLAKIT_T_CHECK(cudaGetDevice(&d)) ? d : -1;
+}
+inline bool gpu_stream_create(Stream* s) { return MLAKIT_T_CHECK(cudaStreamCreate(s)); }
+inline void gpu_stream_destroy(Stream s) { cudaStreamDestroy(s); }
+inline bool gpu_stream_sync(Stream s) { return MLAKIT_T_CHECK(cudaStreamSynchronize(s)); }
+// The calling thread's last runtime error, left in place / read and cleared.
+inline int gpu_peek_last_error() { return static_cast<int>(cudaPeekAtLastError()); }
+inline int gpu_take_last_error() { return static_cast<int>(cudaGetLastError()); }
+// Leaves a non-sticky error on the calling thread, as unrelated code might: a call with an
+// invalid device ordinal (the device count). Returns the error code now pending.
+inline int gpu_plant_error() {
+  (void)cudaSetDevice(gpu_count());
+  return static_cast<int>(cudaErrorInvalidDevice);
+}
+// True when the runtime keeps a failed call's error until cudaGetLastError reads it (CUDA).
+inline constexpr bool kLastErrorPersists = true;
+inline const char* gpu_error_name(int e) { return cudaGetErrorName(static_cast<cudaError_t>(e)); }
 #elif defined(MLAKIT_PLATFORM_HIP)
 #define MLAKIT_T_CHECK(x) gpu_check((x), #x, __FILE__, __LINE__)
 inline bool gpu_check(hipError_t e, const char* what, const char* file, int line) {
@@ -58,6 +82,28 @@ inline bool gpu_present() {
   int n = 0;
   return hipGetDeviceCount(&n) == hipSuccess && n > 0;
 }
+inline int gpu_count() {
+  int n = 0;
+  return hipGetDeviceCount(&n) == hipSuccess ? n : 0;
+}
+inline bool gpu_set_device(int d) { return MLAKIT_T_CHECK(hipSetDevice(d)); }
+inline int gpu_current_device() {
+  int d = -1;
+  return MLAKIT_T_CHECK(hipGetDevice(&d)) ? d : -1;
+}
+inline bool gpu_stream_create(Stream* s) { return MLAKIT_T_CHECK(hipStreamCreate(s)); }
+inline void gpu_stream_destroy(Stream s) { (void)hipStreamDestroy(s); }
+inline bool gpu_stream_sync(Stream s) { return MLAKIT_T_CHECK(hipStreamSynchronize(s)); }
+inline int gpu_peek_last_error() { return static_cast<int>(hipPeekAtLastError()); }
+inline int gpu_take_last_error() { return static_cast<int>(hipGetLastError()); }
+inline int gpu_plant_error() {
+  (void)hipSetDevice(gpu_count());
+  return static_cast<int>(hipErrorInvalidDevice);
+}
+// HIP runtimes before 7.0 overwrite the last error with the result of every API call, so a
+// planted error does not survive any runtime call there, the library's or not.
+inline constexpr bool kLastErrorPersists = HIP_VERSION >= 70000000;
+inline const char* gpu_error_name(int e) { return hipGetErrorName(static_cast<hipError_t>(e)); }
 #endif
 
 // One device buffer, freed on scope exit.

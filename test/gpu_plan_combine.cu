@@ -96,8 +96,9 @@ std::string run_planner(const PlannerCase& c) {
   a.split_mode = c.mode;
   a.num_splits = c.splits;
   const detail::WorkspaceView view = detail::workspace_view(ws.ptr, wl, rows_padded);
-  detail::plan_kernel<><<<1, detail::kPlannerThreads>>>(a, shape, view);
-  const Status launch = detail::check_launch("plan_kernel");
+  const Status launch =
+      detail::launch_kernel("plan_kernel", detail::plan_kernel<>, dim3(1),
+                            dim3(detail::kPlannerThreads), 0, nullptr, a, shape, view);
   if (!launch) return launch.message();
   if (!gpu_sync() || !gpu_d2h(image.data(), ws.ptr, bytes)) return "planner failed";
 
@@ -270,11 +271,12 @@ void check_combine(const CombineCase& c) {
   constexpr int kRowsPerBlock = detail::kCombineThreads / detail::kWarpSize;
   const dim3 grid(batch, (rows + kRowsPerBlock - 1) / kRowsPerBlock);
   const detail::WorkspaceView view = detail::workspace_view(d_ws.ptr, wl, rows_padded);
-  if (c.q_type == DType::bf16)
-    detail::combine_kernel<bf16_t><<<grid, detail::kCombineThreads>>>(a, view);
-  else
-    detail::combine_kernel<fp16_t><<<grid, detail::kCombineThreads>>>(a, view);
-  const Status launch = detail::check_launch("combine_kernel");
+  const Status launch =
+      c.q_type == DType::bf16
+          ? detail::launch_kernel("combine_kernel", detail::combine_kernel<bf16_t>, grid,
+                                  dim3(detail::kCombineThreads), 0, nullptr, a, view)
+          : detail::launch_kernel("combine_kernel", detail::combine_kernel<fp16_t>, grid,
+                                  dim3(detail::kCombineThreads), 0, nullptr, a, view);
   INFO(launch.message());
   REQUIRE(launch.is_ok());
   REQUIRE(gpu_sync());

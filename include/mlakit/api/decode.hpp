@@ -79,6 +79,8 @@ namespace detail {
 
 // Raises the dynamic shared-memory limit of one kernel once per device. `Tag` makes the
 // "done" flags distinct per kernel instantiation (all of them share one pointer type).
+// `device` must be the current device (the attribute applies to it): launch_with() checks it.
+// Threads racing on a first call each set the attribute (the same value) before launching.
 template <class Tag, class Kernel>
 inline Status prepare_kernel(Kernel kernel, int smem_bytes, int device) {
   constexpr int kMaxDevices = 64;
@@ -110,11 +112,16 @@ inline Status warpgroup_usable(const DeviceInfo& dev, bool* usable) {
   bool ok = false;
   if (dev.arch == 90 &&
       static_cast<int>(sizeof(WsSharedStorage) + sizeof(WsStaticStorage)) <= dev.max_smem_optin) {
-    cudaFuncAttributes attr{};
-    Status s = rt_check(cudaFuncGetAttributes(&attr, decode_kernel_ws<Tr>),
-                        "cudaFuncGetAttributes(decode_kernel_ws)");
+    // Runtime queries in the relaxed capture mode: a first call inside a capture is allowed.
+    Status s = with_relaxed_capture([&] {
+      cudaFuncAttributes attr{};
+      Status q = rt_check(cudaFuncGetAttributes(&attr, decode_kernel_ws<Tr>),
+                          "cudaFuncGetAttributes(decode_kernel_ws)");
+      if (!q) return q;
+      ok = attr.binaryVersion == 90 && attr.sharedSizeBytes == sizeof(WsStaticStorage);
+      return Status::ok();
+    });
     if (!s) return s;
-    ok = attr.binaryVersion == 90 && attr.sharedSizeBytes == sizeof(WsStaticStorage);
     if (ok &&
         !(s = set_dynamic_smem(decode_kernel_ws<Tr>, static_cast<int>(sizeof(WsSharedStorage)))))
       return s;
@@ -163,26 +170,34 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   k.scale_log2 = a.softmax_scale * a.kv_scale * kLog2e;
   k.out_scale = a.kv_scale;
 
-  plan_kernel<><<<1, kPlannerThreads, 0, stream>>>(a, shape, k.ws);
-  if (!(s = check_launch("plan_kernel"))) return s;
+  // Everything that can fail without a GPU fault has been checked above: from here on only a
+  // launch the runtime rejects returns early (inside a stream capture the caller then ends
+  // and discards the capture).
+  if (!(s = launch_kernel("plan_kernel", plan_kernel<>, dim3(1), dim3(kPlannerThreads), 0, stream,
+                          a, shape, k.ws)))
+    return s;
   const dim3 grid(shape.row_tiles, shape.num_ctas);
 #if defined(MLAKIT_PLATFORM_CUDA)
   if constexpr (Tr::kWarpgroupPolicy) {
     if (warpgroup)
-      decode_kernel_ws<Tr><<<grid, WsMainloop<Tr>::kThreads, sizeof(WsSharedStorage), stream>>>(k);
+      s = launch_kernel("decode_kernel_ws", decode_kernel_ws<Tr>, grid,
+                        dim3(WsMainloop<Tr>::kThreads), sizeof(WsSharedStorage), stream, k);
     else
-      decode_kernel<Tr><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(k);
+      s = launch_kernel("decode_kernel", decode_kernel<Tr>, grid, dim3(Tr::kThreads),
+                        Tr::kSmemBytes, stream, k);
   } else
 #endif
   {
-    decode_kernel<Tr><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(k);
+    s = launch_kernel("decode_kernel", decode_kernel<Tr>, grid, dim3(Tr::kThreads), Tr::kSmemBytes,
+                      stream, k);
   }
-  if (!(s = check_launch("decode_kernel"))) return s;
+  if (!s) return s;
   if (shape.max_partials() > 0) {
     constexpr int kRowsPerBlock = kCombineThreads / kWarpSize;
     const dim3 grid(a.batch, (a.rows() + kRowsPerBlock - 1) / kRowsPerBlock);
-    combine_kernel<typename Problem::q_type><<<grid, kCombineThreads, 0, stream>>>(a, k.ws);
-    if (!(s = check_launch("combine_kernel"))) return s;
+    if (!(s = launch_kernel("combine_kernel", combine_kernel<typename Problem::q_type>, grid,
+                            dim3(kCombineThreads), 0, stream, a, k.ws)))
+      return s;
   }
   return Status::ok();
 }
@@ -234,6 +249,8 @@ struct Decode {
     return Status::ok();
   }
 
+  // Launches on the current device; `stream` must belong to it (README: "Devices, threads
+  // and CUDA graphs").
   static Status launch(const DecodeArgs& a, void* workspace, std::size_t workspace_size,
                        Stream stream) {
     Status s = check(a);
@@ -243,9 +260,14 @@ struct Decode {
     return launch_with(a, dev, workspace, workspace_size, stream);
   }
 
-  // Launch without argument checks (the dispatch table has already run them).
+  // Launch without the argument checks of check() (the dispatch table has already run them).
+  // `dev` must describe the current device, `stream` must belong to it and `workspace` must
+  // not be another device's memory: otherwise an invalid_argument Status, before anything
+  // is launched or any kernel attribute is set.
   static Status launch_with(const DecodeArgs& a, const DeviceInfo& dev, void* workspace,
                             std::size_t workspace_size, Stream stream) {
+    const Status s = detail::check_launch_device(dev, workspace, stream);
+    if (!s) return s;
     if constexpr (Problem::kRows > 0) {
       constexpr int idx = arch::policy_index_for_rows(Problem::kRows);
       return detail::launch_instance<Problem, idx>(a, dev, workspace, workspace_size, stream);

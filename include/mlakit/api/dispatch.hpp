@@ -133,6 +133,9 @@ inline Status dispatch(const DecodeArgs& a, const DeviceInfo& dev, void* ws, std
 // Never aborts: outside the domain it returns a Status naming the argument, its value and
 // the allowed range. No host synchronisation, no allocation, no host read of device data;
 // the grid does not depend on kv_len values, so one captured graph serves every step.
+// Runs on the current device: `stream` must belong to it and `workspace` must not be another
+// device's memory (invalid_argument otherwise). Thread safe, and capture-safe from the first
+// call. See README "Devices, threads and CUDA graphs".
 inline Status decode(const DecodeArgs& a, void* workspace, std::size_t workspace_size,
                      Stream stream) {
   Status s = supported(a);
