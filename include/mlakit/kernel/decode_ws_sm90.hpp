@@ -122,9 +122,12 @@ struct WsMainloop {
     const int row_bytes = kHeadDimQK * m.kv_bytes;
     for (int i = 0; i < n_tiles; ++i, st.advance()) {
       const int kt = r.kv_begin + 64 * i;
-      // Tile i + 1 into L2 while this one waits for its stage.
-      if (tid < 64 && kt + 64 + tid < r.kv_end)
-        arch::prefetch_l2(m.kv_row(kt + 64 + tid), row_bytes);
+      // Tiles i + 1 (first tile only) and i + 2 into L2 while this one waits for its stage.
+      if (tid < 64) {
+        if (i == 0 && kt + 64 + tid < r.kv_end)
+          arch::prefetch_l2(m.kv_row(kt + 64 + tid), row_bytes);
+        if (kt + 128 + tid < r.kv_end) arch::prefetch_l2(m.kv_row(kt + 128 + tid), row_bytes);
+      }
       unsigned char* stage = ss.kv[st.stage()];
       if constexpr (Tr::kDirect) {
         pipe.producer_acquire(st, kLo);
@@ -426,19 +429,12 @@ struct WsMainloop {
       st.advance();
       const int kt_a = r.kv_begin + 128 * pair;
       issue_s(s, st_a);
-      // S_A and P V of the previous pair's tile B have completed (the latter was this
-      // warpgroup's last read of that B-lo and of sP, which it rewrites below). One wait<0>:
-      // with a wait<1> for P V alone, ptxas serialised every wgmma of the kernel.
       arch::wgmma_wait<0>();
       fence_all(s, o, pf);
-      if (pair > 0) {
-        State prev = st_a;
-        prev.count -= 1;
-        pipe.consumer_release(prev, kLo);
-      }
       pipe.consumer_release(st_a, kHi);  // S_A was this warpgroup's only read of A-hi
       softmax(s, kt_a, kt_a + 64 > mask_from, t, sm, f, pf);
-      // Warpgroup 1 read the previous P in sP before publishing its own (p_ready_b).
+      // Warpgroup 1 read the previous P in sP before publishing its own (p_ready_b), and this
+      // warpgroup's P V reading that P has completed.
       store_p(pf, wi, g, t);
       if (t == 0) {
         sv.row_max[0][16 * wi + g] = sm.m_run[0];
@@ -457,12 +453,12 @@ struct WsMainloop {
       adopt_max(sm, mb, f);
       scale_o(o, f);
       issue_pv_smem(o, smem_u32(ss.kv[st_b.stage()]), 0);
+      // Waited for here, not behind the next S_A: B-lo is released as early as possible (the
+      // next tile B cannot load before), and no wgmma stays in flight across iterations.
+      arch::wgmma_wait<0>();
+      fence_all(s, o, pf);
+      pipe.consumer_release(st_b, kLo);
     }
-    arch::wgmma_wait<0>();
-    fence_all(s, o, pf);
-    State prev = st;
-    prev.count -= 1;
-    pipe.consumer_release(prev, kLo);
   }
 
   // Warpgroup 1: S and softmax of tile B of every pair, P V of both tiles (columns 256..511).
