@@ -1,0 +1,102 @@
+// GPU tests aimed at the KV pipelines of the mainloops: lengths that end inside the first, a
+// middle and the last stage of the ring (and one tile before or after a wrap of it), a piece
+// of a single tile or of one odd tile (the warp-specialized mainloop pads it to a pair),
+// splits that give every CTA one tile, kv_len 0 and 1, and page size 1 with the harness's
+// shuffled CSR page ids. Every row policy (16, 32 and 64 rows at 16 heads) and both the
+// direct 16-bit path and the fp8 conversion paths.
+#include <catch2/catch.hpp>
+
+#include "gpu_harness.hpp"
+#include "gpu_require.hpp"
+
+using namespace mlakit;
+using namespace mlakit::testing;
+
+namespace {
+
+void check_pipeline_case(const Case& c) {
+  INFO(c.name());
+  TestProblem P;
+  build(P, c);
+  REQUIRE(P.ok);
+  DeviceBuffer ws(workspace_for(P.dev));
+  Outcome o = run_device(P, ws, nullptr, nullptr);
+  INFO(o.status.message());
+  REQUIRE(o.status.is_ok());
+  const auto ref = run_reference(P);
+  compare(P, ref, o);
+  INFO("rel_l2 " << o.rel_l2 << " max_abs " << o.max_abs << " lse_err " << o.lse_err);
+  CHECK(o.rel_l2 < 1e-2);
+  CHECK(o.lse_err < (c.kv_type == c.q_type || is_fp8(c.kv_type) ? 1e-4 : 5e-3));
+}
+
+// Lengths around the 64-token tiles of a two-stage ring: inside tile 0, its end, tile 1
+// (stage 1), the first reuse of stage 0 (tile 2), a middle tile, an odd and an even count of
+// tiles, plus 0 and 1.
+const std::vector<int> kRingLengths = {0, 1, 7, 63, 64, 65, 127, 128, 129, 191, 192, 193, 255,
+                                       256, 257, 64 * 7 + 17, 64 * 8};
+
+}  // namespace
+
+TEST_CASE("pipeline: lengths ending in every stage of the ring", "[gpu][pipeline]") {
+  MLAKIT_REQUIRE_GPU();
+  int seed = 9000;
+  for (int q_len : {1, 2, 4, 8})  // 16, 32, 64 and 2 x 64 rows at 16 heads
+    for (DType kv : {DType::fp8_e4m3fn, DType::bf16}) {
+      Case c;
+      c.q_type = DType::bf16;
+      c.kv_type = kv;
+      c.heads = 16;
+      c.q_len = q_len;
+      c.page_size = 1;
+      c.ids = PageIds::csr;  // pages shuffled by the harness
+      c.split = SplitMode::none;
+      c.kv_lens = kRingLengths;
+      c.seed = seed++;
+      check_pipeline_case(c);
+    }
+}
+
+TEST_CASE("pipeline: one-tile pieces from fixed splits, other KV types", "[gpu][pipeline]") {
+  MLAKIT_REQUIRE_GPU();
+  int seed = 9100;
+  struct Kv {
+    DType q, kv;
+  };
+  for (Kv t : {Kv{DType::bf16, DType::fp8_e4m3fn}, Kv{DType::bf16, DType::fp8_e4m3fnuz},
+               Kv{DType::fp16, DType::bf16}, Kv{DType::fp16, DType::fp16}})
+    for (int q_len : {1, 8})
+      for (int splits : {5, 64}) {
+        Case c;
+        c.q_type = t.q;
+        c.kv_type = t.kv;
+        c.heads = 16;
+        c.q_len = q_len;
+        c.page_size = 64;
+        c.ids = PageIds::block_table;
+        c.split = SplitMode::fixed;
+        c.num_splits = splits;  // 64 splits of <= 300 tokens: one tile (or none) per CTA
+        c.kv_lens = {300, 65, 1, 0, 129};
+        c.seed = seed++;
+        check_pipeline_case(c);
+      }
+}
+
+TEST_CASE("pipeline: 12 heads (row tiles that end inside a tile), non-causal", "[gpu][pipeline]") {
+  MLAKIT_REQUIRE_GPU();
+  int seed = 9200;
+  for (int q_len : {3, 6, 11})
+    for (bool causal : {true, false}) {
+      Case c;
+      c.q_type = DType::bf16;
+      c.kv_type = DType::fp8_e4m3fn;
+      c.heads = 12;
+      c.q_len = q_len;
+      c.causal = causal;
+      c.page_size = 16;
+      c.ids = PageIds::csr;
+      c.kv_lens = {129, 2, 64 * 5 + 3, 0};
+      c.seed = seed++;
+      check_pipeline_case(c);
+    }
+}
