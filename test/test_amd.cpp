@@ -4,7 +4,8 @@
 //    their documented semantics (see the comment above F32x2 in convert.hpp), and compared
 //    bit for bit with the software decode of core/numeric.hpp for all 256 codes of both
 //    fp8 formats, into bf16 and fp16;
-//  - the architecture number derived from hipDeviceProp_t::gcnArchName.
+//  - the architecture number derived from hipDeviceProp_t::gcnArchName;
+//  - the offset split that the MFMA atom's V-fragment loads rely on.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
@@ -12,7 +13,9 @@
 #include <limits>
 
 #include "mlakit/arch/convert.hpp"
+#include "mlakit/core/decode_args.hpp"
 #include "mlakit/core/numeric.hpp"
+#include "mlakit/kernel/smem_tile.hpp"
 #include "mlakit/platform/runtime.hpp"
 
 using namespace mlakit;
@@ -139,4 +142,22 @@ TEST_CASE("amd: architecture number from gcnArchName", "[amd][runtime]") {
   CHECK(detail::gfx_arch_number("sm_90") == 0);
   CHECK(detail::gfx_arch_number("gfx9") == 0);
   CHECK(detail::gfx_arch_number("gfxa42") == 0);
+}
+
+// MmaAtomMfma16::load_b_kn splits V-tile offsets into a uniform and a lane part; the split
+// is exact for rows r0 % 8 == 0 and columns c0 % 64 == 0 of the KV tile layout.
+TEST_CASE("amd mfma atom: swizzled V-tile offsets split into uniform + lane parts",
+          "[amd][layout]") {
+  using L = detail::SwizzledRows<kHeadDimQK>;
+  STATIC_REQUIRE(L::kMask == 7);
+  STATIC_REQUIRE(L::kCols % 64 == 0);
+  int bad = 0;
+  for (int r0 = 0; r0 < 64; r0 += 8)
+    for (int c0 = 0; c0 < kHeadDimQK; c0 += 64)
+      for (int r = 0; r < 8; ++r)
+        for (int c = 0; c < 64; ++c)
+          if (L::offset(r0 + r, c0 + c) != L::offset(r0, c0) + L::offset(r, c)) ++bad;
+  CHECK(bad == 0);
+  // And not for a row offset that is not a multiple of 8 (the swizzle depends on it).
+  CHECK(L::offset(4 + 5, 8) != L::offset(4, 0) + L::offset(5, 8));
 }
