@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """Static cost of mlakit's AMD kernels, read from compiler assembly (no GPU needed).
 
-    tools/amd-resources.py [--markdown] ARCH=FILE.s [ARCH=FILE.s ...]
+    tools/amd-resources.py [--markdown] TARGET=FILE.s [TARGET=FILE.s ...]
 
-Each FILE.s is the device assembly of one translation unit for one gfx target (clang
--x hip --cuda-device-only -S; tools/amd-resources.sh makes them). Per kernel and target it
-prints: VGPRs (architectural; the metadata's .vgpr_count minus .agpr_count), AGPRs, SGPRs, VGPR and SGPR spills, scratch bytes per lane,
-LDS (static + the dynamic size the decode kernel is launched with, from the HIP row of
-arch/tile_policy.hpp), waves per SIMD and what limits them, and for the decode kernels the
-MFMA, global-load and LDS instructions one wave executes per KV tile.
+Each FILE.s is the device assembly of one translation unit for one gfx target (clang -x hip
+--cuda-device-only -S; tools/amd-resources.sh makes them). TARGET is the gfx name, optionally
+followed by /LABEL to tell compilers apart (gfx942/clang22). Per kernel and target it
+prints: VGPRs (architectural: the metadata's .vgpr_count minus .agpr_count), AGPRs, SGPRs,
+VGPR and SGPR spills, scratch bytes per lane, LDS (static + the dynamic size the decode
+kernel is launched with, from the HIP row of arch/tile_policy.hpp), waves per SIMD and what
+limits them, and for the decode kernels the MFMA, global-load and LDS instructions one wave
+executes per KV tile.
 
 Registers, spills and scratch come from the code object metadata (.amdgpu_metadata). Waves
 per SIMD: a SIMD has 512 registers per lane shared by VGPRs and AGPRs, allocated as
@@ -54,6 +56,10 @@ def decode_lds_bytes(pol):
 
 
 LDS_PER_CU = {"gfx90a": 65536, "gfx940": 65536, "gfx942": 65536, "gfx950": 163840}
+
+
+def lds_per_cu(target):  # "gfx942/clang22" -> gfx942's
+    return LDS_PER_CU.get(target.split("/")[0], 65536)
 
 
 # ---- assembly parsing ---------------------------------------------------------------------------
@@ -291,7 +297,7 @@ def waves(arch, vgpr, agpr, sgpr, lds, threads):
     waves_per_wg = -(-threads // 64)
     limits = {"regs": by_regs, "sgpr": by_sgpr}
     if lds > 0:
-        wg_per_cu = LDS_PER_CU.get(arch, 65536) // lds
+        wg_per_cu = lds_per_cu(arch) // lds
         limits["lds"] = wg_per_cu * waves_per_wg / 4
     w = min(limits.values())
     lim = "/".join(k for k, v in limits.items() if v == w)

@@ -5,9 +5,9 @@
 #                                           .cu file, device compile for gfx942 and gfx950
 #                                           (clang 22) of every .cu file, -Werror
 #   bash tools/amd-resources.sh table [md]  device assembly of examples/spec_decode_verify.cu
-#                                           (the whole decode() dispatch table) for gfx90a,
-#                                           gfx942 (clang-19, Debian's HIP 5.2 headers) and
-#                                           gfx950 (clang 22, HIP 7.1 headers), then
+#                                           (the whole decode() dispatch table) for gfx90a and
+#                                           gfx942 (clang-19, Debian's HIP 5.2 headers) and for
+#                                           gfx942 and gfx950 (clang 22, HIP 7.1 headers), then
 #                                           tools/amd-resources.py on them
 #
 # Toolchains, all from package registries (Debian 12 has no clang >= 20 and no HIP >= 6):
@@ -140,10 +140,11 @@ table() {
   printf '%s\n' \
     "$clang19 ${common[*]} -D__HIP_PLATFORM_AMD__=1 --rocm-device-lib-path=$bc5 --cuda-device-only --offload-arch=gfx90a -S $src -o $out/gfx90a.s" \
     "$clang19 ${common[*]} -D__HIP_PLATFORM_AMD__=1 --rocm-device-lib-path=$bc5 --cuda-device-only --offload-arch=gfx942 -S $src -o $out/gfx942.s" \
+    "$zig clang ${common[*]} $(clang22_flags) --offload-arch=gfx942 -S $src -o $out/gfx942-clang22.s" \
     "$zig clang ${common[*]} $(clang22_flags) --offload-arch=gfx950 -S $src -o $out/gfx950.s" |
     xargs -P "$jobs" -I{} sh -c '{}'
   python3 tools/amd-resources.py ${1:+--markdown} gfx90a="$out/gfx90a.s" gfx942="$out/gfx942.s" \
-    gfx950="$out/gfx950.s"
+    gfx942/clang22="$out/gfx942-clang22.s" gfx950="$out/gfx950.s"
 }
 
 case "$mode" in
