@@ -29,8 +29,8 @@ using namespace mlakit::testing;
 
 namespace {
 
-constexpr int kK = 32;     // reduction length of the tests
-constexpr int kNV = 128;   // V columns tested (n0 = 0, 32, 64, 96: both halves of a 64-group)
+constexpr int kK = 32;    // reduction length of the tests
+constexpr int kNV = 128;  // V columns tested (n0 = 0, 32, 64, 96: both halves of a 64-group)
 using LA = detail::SwizzledRows<64>;          // A [16][64] and B [16 n][64 k] tiles
 using LV = detail::SwizzledRows<kHeadDimQK>;  // V [32 k][576], the decode kernel's KV layout
 
@@ -107,7 +107,7 @@ void check_mfma_atom() {
   REQUIRE(gpu_h2d(ds.ptr, nan_fill.data(), ds.bytes));
   REQUIRE(gpu_h2d(dout.ptr, nan_fill.data(), dout.bytes));
   mfma_atom_kernel<T><<<1, 64>>>(da.as<T>(), db.as<T>(), dv.as<T>(), ds.as<float>(),
-                                  dout.as<float>(), dmax.as<float>(), dsum.as<float>());
+                                 dout.as<float>(), dmax.as<float>(), dsum.as<float>());
   REQUIRE(MLAKIT_T_CHECK(hipGetLastError()));
   REQUIRE(gpu_sync());
   std::vector<float> s(16 * 16), o(16 * kNV), mx(256), sm(256);
@@ -122,7 +122,8 @@ void check_mfma_atom() {
       float want = 0.0f;
       for (int k = 0; k < kK; ++k) want += val(r, k, 1) * val(n, k, 2);
       if (!(s[r * 16 + n] == want)) {
-        if (bad_s++ < 5) UNSCOPED_INFO("S[" << r << "][" << n << "] = " << s[r * 16 + n] << ", want " << want);
+        if (bad_s++ < 5)
+          UNSCOPED_INFO("S[" << r << "][" << n << "] = " << s[r * 16 + n] << ", want " << want);
       }
     }
   for (int r = 0; r < 16; ++r)
@@ -130,7 +131,8 @@ void check_mfma_atom() {
       float want = 0.0f;
       for (int k = 0; k < kK; ++k) want += val(r, k, 1) * val(k, n, 3);
       if (!(o[r * kNV + n] == want)) {
-        if (bad_o++ < 5) UNSCOPED_INFO("O[" << r << "][" << n << "] = " << o[r * kNV + n] << ", want " << want);
+        if (bad_o++ < 5)
+          UNSCOPED_INFO("O[" << r << "][" << n << "] = " << o[r * kNV + n] << ", want " << want);
       }
     }
   // Reductions: over the 16 lanes of a lane group, per row slot.
@@ -144,8 +146,8 @@ void check_mfma_atom() {
       }
       if (mx[lane * 4 + sl] != wmax || sm[lane * 4 + sl] != wsum) ++bad_red;
     }
-  CHECK(bad_s == 0);  // load_a / load_b_nk / mma / acc_row / acc_col
-  CHECK(bad_o == 0);  // load_b_kn (V layout) / mma / acc_row / acc_col
+  CHECK(bad_s == 0);    // load_a / load_b_nk / mma / acc_row / acc_col
+  CHECK(bad_o == 0);    // load_b_kn (V layout) / mma / acc_row / acc_col
   CHECK(bad_red == 0);  // row_max / row_sum
 }
 
@@ -176,8 +178,8 @@ void check_fp8_convert(DType kv) {
     const std::uint16_t want = from_float<T>(ref).bits;
     const bool ok = std::isnan(ref) ? std::isnan(to_float(T{got[c]})) : got[c] == want;
     if (!ok && bad++ < 5)
-      UNSCOPED_INFO(dtype_name(kv) << " code " << c << ": got 0x" << std::hex << got[c]
-                                   << ", want 0x" << want);
+      UNSCOPED_INFO(dtype_name(kv)
+                    << " code " << c << ": got 0x" << std::hex << got[c] << ", want 0x" << want);
   }
   CHECK(bad == 0);
 }

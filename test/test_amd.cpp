@@ -88,8 +88,8 @@ void check_all_codes(DType format) {
     }
     std::uint32_t o01 = 0, o23 = 0;
     arch::fp8x4_native<T>(word, sim, o01, o23);
-    const std::uint16_t got[4] = {std::uint16_t(o01), std::uint16_t(o01 >> 16),
-                                  std::uint16_t(o23), std::uint16_t(o23 >> 16)};
+    const std::uint16_t got[4] = {std::uint16_t(o01), std::uint16_t(o01 >> 16), std::uint16_t(o23),
+                                  std::uint16_t(o23 >> 16)};
     for (int i = 0; i < 4; ++i) {
       const float ref = decode_fp8(format, codes[i]);
       const std::uint16_t want = from_float<T>(ref).bits;
@@ -122,7 +122,8 @@ TEST_CASE("amd fp8: the simulated instructions tell the two formats apart", "[am
   // The same byte means different values on CDNA3 and CDNA4: the format choice matters.
   CHECK(sim_cvt_f32_fp8(DType::fp8_e4m3fn, 0x7E) == 448.0f);
   CHECK(sim_cvt_f32_fp8(DType::fp8_e4m3fnuz, 0x7F) == 240.0f);
-  CHECK(sim_cvt_f32_fp8(DType::fp8_e4m3fnuz, 0x38) == 0.5f * sim_cvt_f32_fp8(DType::fp8_e4m3fn, 0x38));
+  CHECK(sim_cvt_f32_fp8(DType::fp8_e4m3fnuz, 0x38) ==
+        0.5f * sim_cvt_f32_fp8(DType::fp8_e4m3fn, 0x38));
   CHECK(std::isnan(sim_cvt_f32_fp8(DType::fp8_e4m3fnuz, 0x80)));
   CHECK(bits_of(sim_cvt_f32_fp8(DType::fp8_e4m3fn, 0x80)) == 0x80000000u);  // -0
   CHECK(sim_f16_rtz(65519.0f) == 0x7BFFu);  // round toward zero: no carry into infinity
