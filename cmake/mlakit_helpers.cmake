@@ -11,8 +11,10 @@
 # Backends:
 #   CUDA  .cu compiled by nvcc as CUDA, -std=c++17 and no other flag a user would need, archs
 #         from MLAKIT_CUDA_ARCHS (CUDA_ARCHITECTURES: "90a" -> sm_90a), linked to CUDA::cudart_static.
-#   HIP   the C++ compiler is hipcc (CXX=hipcc cmake ...): .cu compiled as CXX with -xhip and
-#         --offload-arch=<each of MLAKIT_HIP_ARCHS>, linked to hip::device (+ roc::rocprim).
+#   HIP   the C++ compiler is hipcc or a HIP-capable clang++ (CXX=clang++-19 cmake ...): .cu
+#         compiled as CXX with -xhip and --offload-arch=<each of MLAKIT_HIP_ARCHS>, linked to
+#         hip::device (+ roc::rocprim); plain clang++ also gets the device-library folder
+#         (mlakit_hip_device_libs.cmake).
 #   NONE  .cu compiled as plain C++ (-xc++) so the host-only paths of the headers build.
 # GPU executables get MLAKIT_BACKEND_CUDA=1 or MLAKIT_BACKEND_HIP=1 (nothing for NONE);
 # host executables get neither: they are host code whatever the backend.
@@ -96,9 +98,21 @@ macro(mlakit_select_backend)
       endif()
     endif()
     find_package(hip CONFIG REQUIRED)
-    find_package(rocprim CONFIG QUIET)
+    # rocPRIM serves the planner's block scan; without it (or with MLAKIT_HIP_USE_ROCPRIM=OFF,
+    # e.g. a rocPRIM older than the HIP headers) a plain shared-memory scan is compiled.
+    option(MLAKIT_HIP_USE_ROCPRIM "Use rocPRIM's block scan in the HIP planner kernel" ON)
+    if(MLAKIT_HIP_USE_ROCPRIM)
+      find_package(rocprim CONFIG QUIET)
+    endif()
     if(NOT MLAKIT_HIP_ARCHS)
       message(FATAL_ERROR "MLAKIT_HIP_ARCHS is empty: name at least one gfx target")
+    endif()
+    # A plain clang++ (e.g. Debian's clang-19) may need the device libraries named, and
+    # Debian's lack gfx942's ISA-version file (mlakit_hip_device_libs.cmake says why).
+    set(MLAKIT_HIP_DEVICE_LIB_OPTION "")
+    if(NOT MLAKIT_CXX_IS_HIPCC)
+      include(mlakit_hip_device_libs)
+      mlakit_hip_device_libs(MLAKIT_HIP_DEVICE_LIB_OPTION)
     endif()
     if(MLAKIT_CXX_IS_HIPCC)
       # hipcc asks rocm_agent_enumerator for the local GPU on every call (compile and link,
@@ -119,7 +133,7 @@ macro(mlakit_select_backend)
                    "${CMAKE_CUDA_COMPILER_VERSION}, archs ${MLAKIT_CUDA_ARCHS}")
   elseif(MLAKIT_GPU_BACKEND STREQUAL "HIP")
     message(STATUS "mlakit: HIP backend, ${CMAKE_CXX_COMPILER}, archs ${MLAKIT_HIP_ARCHS}, "
-                   "rocPRIM ${rocprim_FOUND}")
+                   "rocPRIM ${rocprim_FOUND} (MLAKIT_HIP_USE_ROCPRIM ${MLAKIT_HIP_USE_ROCPRIM})")
   else()
     message(STATUS "mlakit: no GPU backend (host-only build)")
   endif()
@@ -201,6 +215,11 @@ function(_mlakit_gpu_setup name)
                                   PROPERTIES LANGUAGE CXX)
       set_property(SOURCE ${_cu_sources} TARGET_DIRECTORY ${name}
                    APPEND PROPERTY COMPILE_OPTIONS "-xhip")
+      # Device compiles only: on host-only (-xc++) files clang warns that it is unused.
+      if(MLAKIT_HIP_DEVICE_LIB_OPTION)
+        set_property(SOURCE ${_cu_sources} TARGET_DIRECTORY ${name}
+                     APPEND PROPERTY COMPILE_OPTIONS "${MLAKIT_HIP_DEVICE_LIB_OPTION}")
+      endif()
     endif()
     if(NOT MLAKIT_CXX_IS_HIPCC)
       # hipcc gets the archs from mlakit_select_backend(); plain clang++ needs them here.
@@ -211,8 +230,10 @@ function(_mlakit_gpu_setup name)
     endif()
     target_compile_definitions(${name} PRIVATE MLAKIT_BACKEND_HIP=1)
     target_link_libraries(${name} PRIVATE hip::device)
-    if(TARGET roc::rocprim)
+    if(MLAKIT_HIP_USE_ROCPRIM AND TARGET roc::rocprim)
       target_link_libraries(${name} PRIVATE roc::rocprim)
+    else()
+      target_compile_definitions(${name} PRIVATE MLAKIT_NO_ROCPRIM=1)
     endif()
 
   else()  # NONE: the .cu files are host C++ here.

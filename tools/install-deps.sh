@@ -17,7 +17,8 @@ for set_name in "$@"; do
     test) packages+=(cmake ninja-build g++ catch2) ;;
     example) packages+=(cmake ninja-build g++) ;;
     # hipcc brings clang-15, lld, rocm-device-libs, rocminfo and libamdhip64-dev.
-    ci) packages+=(cmake ninja-build g++ catch2 libbenchmark-dev hipcc librocprim-dev python3) ;;
+    ci) packages+=(cmake ninja-build g++ catch2 libbenchmark-dev hipcc librocprim-dev python3
+                   python3-pip python3-venv clang-19 lld-19 clang-tools-19 libclang-rt-19-dev) ;;
     *)
       echo "install-deps.sh: unknown set '$set_name' (allowed: test, example, ci)" >&2
       exit 2

@@ -14,6 +14,71 @@
 
 namespace mlakit::arch {
 
+// ---- AMD hardware fp8 conversion -------------------------------------------------------
+// gfx940/941/942 (CDNA3) and gfx950 (CDNA4) convert fp8 in hardware: V_CVT_PK_F32_FP8 turns
+// two bytes of a 32-bit register (bytes 0-1, or 2-3 with op_sel) into two f32. The opcode
+// is the same on both; the byte format is not: CDNA3 decodes E4M3 "FNUZ" (bias 8, 0x80 the
+// only NaN), CDNA4 the OCP E4M3FN (bias 7, S.1111.111 NaN). Sources: the MI300 (CDNA3) ISA
+// reference guide, V_CVT_PK_F32_FP8; clang's AMDGPUBuiltins.rst and BuiltinsAMDGPU.def for
+// __builtin_amdgcn_cvt_pk_f32_fp8(int, bool hi); LLVM pull request #106160 for the OCP
+// meaning of the gfx940 fp8 opcodes on gfx950; ROCm's precision-support page (FNUZ fp8 on
+// CDNA3, OCP on CDNA4). The other format keeps the software decode of core/numeric.hpp.
+//
+// Every fp8 value is exact in bf16 and in fp16 (magnitudes 2^-10 .. 448, at most 4
+// significant bits), so the f32 pair packs into the compute type without rounding: bf16
+// takes the upper halves of the f32 bits, fp16 goes through V_CVT_PKRTZ_F16_F32 (round
+// toward zero, which equals round-to-nearest on exact values).
+//
+// The packing is written against an instruction object (`cvt(word, hi)` -> F32x2,
+// `pkrtz(lo, hi)` -> packed f16 pair), so host tests run the same code with simulated
+// instructions (test/test_amd.cpp); the device passes the builtins.
+struct F32x2 {
+  float lo, hi;
+};
+
+// The fp8 format the compiled AMD target converts in hardware (device pass), else bf16 as
+// "none" (no fp8 format compares equal to it).
+#if defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__)
+inline constexpr DType kNativeFp8 = DType::fp8_e4m3fnuz;
+#elif defined(__gfx950__)
+inline constexpr DType kNativeFp8 = DType::fp8_e4m3fn;
+#else
+inline constexpr DType kNativeFp8 = DType::bf16;
+#endif
+
+// One 32-bit word of four fp8 bytes -> four compute values in two b32 words (low half =
+// lower byte), through two packed conversions.
+template <class T, class Instr>
+MLAKIT_HOST_DEVICE inline void fp8x4_native(std::uint32_t word, const Instr& in,
+                                            std::uint32_t& out01, std::uint32_t& out23) {
+  const F32x2 a = in.cvt(word, false), b = in.cvt(word, true);
+  if constexpr (DTypeOf<T>::value == DType::bf16) {
+    out01 = (float_to_bits(a.lo) >> 16) | (float_to_bits(a.hi) & 0xFFFF0000u);
+    out23 = (float_to_bits(b.lo) >> 16) | (float_to_bits(b.hi) & 0xFFFF0000u);
+  } else {
+    out01 = in.pkrtz(a.lo, a.hi);
+    out23 = in.pkrtz(b.lo, b.hi);
+  }
+}
+
+#if defined(MLAKIT_PLATFORM_HIP) && defined(MLAKIT_DEVICE_PASS) && \
+    (defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__) || defined(__gfx950__))
+// The builtins behind fp8x4_native on CDNA3 / CDNA4.
+struct AmdFp8Instr {
+  using f32x2_t = float __attribute__((ext_vector_type(2)));
+  __device__ F32x2 cvt(std::uint32_t word, bool hi) const {
+    // The builtin's selector must be a constant: two calls instead of passing `hi` on.
+    const f32x2_t v = hi ? __builtin_amdgcn_cvt_pk_f32_fp8(static_cast<int>(word), true)
+                         : __builtin_amdgcn_cvt_pk_f32_fp8(static_cast<int>(word), false);
+    return F32x2{v[0], v[1]};
+  }
+  __device__ std::uint32_t pkrtz(float lo, float hi) const {
+    return __builtin_bit_cast(std::uint32_t, __builtin_amdgcn_cvt_pkrtz(lo, hi));
+  }
+};
+#define MLAKIT_AMD_FP8_CVT 1
+#endif
+
 #if !defined(MLAKIT_PLATFORM_NONE)
 
 // Packs two floats into the compute type's b32 pair (low half = first value). Exact when the
@@ -55,12 +120,22 @@ __device__ __forceinline__ void e4m3fn_x2_to_float(std::uint16_t two, float& lo,
 #endif
 
 // 16 fp8 bytes -> 16 compute values (8 b32 words). Both fp8 flavours decode bit-exactly;
-// e4m3fn uses the hardware converter on NVIDIA, e4m3fnuz the portable decode from core/.
+// the hardware converts e4m3fn on NVIDIA (sm_89+) and on gfx950, e4m3fnuz on gfx940-942;
+// every other case takes the portable decode from core/.
 template <class T>
 __device__ __forceinline__ void convert_fp8x16(DType kv, const uint4& in, uint4& out0,
                                                uint4& out1) {
   const std::uint32_t w[4] = {in.x, in.y, in.z, in.w};
   std::uint32_t o[8];
+#if defined(MLAKIT_AMD_FP8_CVT)
+  if (kv == kNativeFp8) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) fp8x4_native<T>(w[i], AmdFp8Instr{}, o[2 * i], o[2 * i + 1]);
+    out0 = uint4{o[0], o[1], o[2], o[3]};
+    out1 = uint4{o[4], o[5], o[6], o[7]};
+    return;
+  }
+#endif
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const std::uint16_t two = std::uint16_t(w[i / 2] >> (16 * (i % 2)));

@@ -4,6 +4,7 @@
 // (the 16x16x16 mai-insts builtins also exist on gfx950). Same interface as MmaAtomSm80, so
 // the mainloop compiles against either.
 #include <cstdint>
+#include <type_traits>
 
 #include "../core/numeric.hpp"
 #include "../platform/platform.hpp"
@@ -92,20 +93,44 @@ struct MmaAtomMfma16 {
   // so it gathers them with 4 scalar 16-bit LDS reads (ds_read_u16). Correct, not fast.
   // Faster paths: gfx950's transposing ds_read_b64_tr_b16; or storing V as [dim][token] in
   // LDS at copy time (then this is one 8-byte read, like load_b_nk); and computing
-  // S^T = K Q^T instead (the A/B/C layouts above), whose accumulator already is the B layout, so
-  // P^T feeds O^T = V^T P^T from registers with no LDS round trip for P.
+  // S^T = K Q^T instead (the A/B/C layouts above), whose accumulator already is the B layout,
+  // so P^T feeds O^T = V^T P^T from registers with no LDS round trip for P.
+  //
+  // Addresses: with a row-XOR swizzle of 8-chunk groups (Layout::kMask == 7, rows of a
+  // multiple of 64 columns), offset(r, c) = offset(r0, c0) + offset(r - r0, c - c0) whenever
+  // r0 is a multiple of 8 and c0 of 64. The lane-dependent part then takes only 16 values
+  // (4 rows x 2 column halves x 2 n-tiles) and the rest is a per-call constant that becomes
+  // the LDS instruction's immediate offset. Written naively, the compiler kept one address
+  // register per read (116 VGPRs for the 128 reads of a 32-token tile on gfx942).
   template <class Layout>
   __device__ static void load_b_kn(FragB (&b)[2], const T* tile, int k0, int n0, int lane) {
-    const int k = k0 + 4 * (lane >> 4), n = n0 + (lane & 15);
+    const int g = lane >> 4, q = lane & 15;
+    if constexpr (kSplitSwizzle<Layout>) {
+      // k0 is a multiple of 16, so 4g + e splits into 8 (g >> 1) + (4 (g & 1) + e); n0 is a
+      // multiple of 32 (the caller loads n-tiles in pairs), so it splits into n0 & ~63 and
+      // 32 h. The second part of each pair goes to the lane offset, which then takes 16
+      // values over e, t and h; the first parts are uniform (and constant after unrolling,
+      // up to the warp's column base), so they fold into the LDS immediate offset.
+      const T* base = tile + Layout::offset(k0 + 8 * (g >> 1), n0 & ~63);
+      const int c = 32 * ((n0 >> 5) & 1) + q;
 #pragma unroll
-    for (int t = 0; t < 2; ++t) {
-      std::uint32_t h[4];
+      for (int t = 0; t < 2; ++t) {
+        std::uint32_t h[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        h[e] = tile[Layout::offset(k + e, n + t * kN)].bits;
+        for (int e = 0; e < 4; ++e) h[e] = base[Layout::offset(4 * (g & 1) + e, c + t * kN)].bits;
+        b[t].r[0] = h[0] | (h[1] << 16);
+        b[t].r[1] = h[2] | (h[3] << 16);
       }
-      b[t].r[0] = h[0] | (h[1] << 16);
-      b[t].r[1] = h[2] | (h[3] << 16);
+    } else {
+      const int k = k0 + 4 * g, n = n0 + q;
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        std::uint32_t h[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) h[e] = tile[Layout::offset(k + e, n + t * kN)].bits;
+        b[t].r[0] = h[0] | (h[1] << 16);
+        b[t].r[1] = h[2] | (h[3] << 16);
+      }
     }
   }
 
@@ -126,6 +151,17 @@ struct MmaAtomMfma16 {
   }
 
  private:
+  // True for layouts whose offsets split as described above load_b_kn (SwizzledRows with
+  // full 8-chunk swizzle groups).
+  template <class Layout, class = void>
+  static constexpr bool kSplitSwizzleImpl = false;
+  template <class Layout>
+  static constexpr bool
+      kSplitSwizzleImpl<Layout, std::void_t<decltype(Layout::kMask), decltype(Layout::kCols)>> =
+          Layout::kMask == 7 && Layout::kCols % 64 == 0;
+  template <class Layout>
+  static constexpr bool kSplitSwizzle = kSplitSwizzleImpl<Layout>;
+
   // Builtin operand types (clang BuiltinsAMDGPU.def: V4s, V4h, V4f).
   using short4_t = short __attribute__((ext_vector_type(4)));
   using half4_t = _Float16 __attribute__((ext_vector_type(4)));

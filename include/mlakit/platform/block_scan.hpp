@@ -1,10 +1,13 @@
 #pragma once
 // Block-wide exclusive prefix sum: CUB on NVIDIA, rocPRIM on AMD, behind one interface.
+// MLAKIT_NO_ROCPRIM selects a plain shared-memory scan on AMD instead: for a ROCm whose
+// rocPRIM is missing, or older than its HIP headers (rocPRIM 5.x does not compile against
+// HIP 6/7, where warpSize stopped being a compile-time constant).
 #include "platform.hpp"
 
 #if defined(MLAKIT_PLATFORM_CUDA)
 #include <cub/block/block_scan.cuh>
-#elif defined(MLAKIT_PLATFORM_HIP)
+#elif defined(MLAKIT_PLATFORM_HIP) && !defined(MLAKIT_NO_ROCPRIM)
 #include <rocprim/block/block_scan.hpp>
 #endif
 
@@ -12,12 +15,40 @@ namespace mlakit::detail {
 
 #if !defined(MLAKIT_PLATFORM_NONE)
 
+#if defined(MLAKIT_PLATFORM_HIP) && defined(MLAKIT_NO_ROCPRIM)
+// Hillis-Steele scan over one int per thread: log2(Threads) steps of one shared read and
+// write. The planner runs it twice per call, so its cost next to rocPRIM's does not matter.
+template <int Threads>
+struct SharedMemoryScan {
+  static_assert(Threads > 0 && (Threads & (Threads - 1)) == 0, "Threads: a power of two");
+  struct storage_type {
+    int v[Threads];
+  };
+  __device__ static void run(storage_type& s, int input, int& output, int& total) {
+    const int t = static_cast<int>(threadIdx.x);
+    s.v[t] = input;
+    __syncthreads();
+    for (int off = 1; off < Threads; off <<= 1) {
+      const int x = t >= off ? s.v[t - off] : 0;
+      __syncthreads();
+      s.v[t] += x;
+      __syncthreads();
+    }
+    output = s.v[t] - input;
+    total = s.v[Threads - 1];
+    __syncthreads();  // the storage may be reused right after
+  }
+};
+#endif
+
 // Exclusive sum over `Threads` ints (one per thread), also returning the block total.
 // Use: __shared__ typename BlockExclusiveSum<256>::Storage s; BlockExclusiveSum<256>(s).run(...)
 template <int Threads>
 class BlockExclusiveSum {
 #if defined(MLAKIT_PLATFORM_CUDA)
   using Impl = cub::BlockScan<int, Threads>;
+#elif defined(MLAKIT_NO_ROCPRIM)
+  using Impl = SharedMemoryScan<Threads>;
 #else
   using Impl = rocprim::block_scan<int, Threads>;
 #endif
@@ -33,6 +64,8 @@ class BlockExclusiveSum {
   __device__ void run(int input, int& output, int& total) {
 #if defined(MLAKIT_PLATFORM_CUDA)
     Impl(storage_).ExclusiveSum(input, output, total);
+#elif defined(MLAKIT_NO_ROCPRIM)
+    Impl::run(storage_, input, output, total);
 #else
     Impl().exclusive_scan(input, output, 0, total, storage_, rocprim::plus<int>());
 #endif

@@ -53,6 +53,29 @@ inline constexpr RtError kRtSuccess = hipSuccess;
 inline const char* rt_error_string(RtError e) { return hipGetErrorString(e); }
 #endif
 
+// The gfx number of an AMD architecture name, as the removed hipDeviceProp_t::gcnArch gave it:
+// the last two characters of the processor are minor version and stepping (hex digits), the
+// rest the major version. "gfx942:sramecc+:xnack-" -> 942, "gfx90a" -> 910, "gfx1100" -> 1100;
+// 0 for anything else.
+inline int gfx_arch_number(const char* name) {
+  if (name == nullptr || name[0] != 'g' || name[1] != 'f' || name[2] != 'x') return 0;
+  int digits[8], n = 0;
+  for (const char* c = name + 3; *c != '\0' && *c != ':'; ++c) {
+    int d = -1;
+    if (*c >= '0' && *c <= '9') d = *c - '0';
+    if (*c >= 'a' && *c <= 'f') d = *c - 'a' + 10;
+    if (d < 0 || n == 8) return 0;
+    digits[n++] = d;
+  }
+  if (n < 3) return 0;
+  int major = 0;
+  for (int i = 0; i < n - 2; ++i) {
+    if (digits[i] > 9) return 0;
+    major = major * 10 + digits[i];
+  }
+  return major * 100 + digits[n - 2] * 10 + digits[n - 1];
+}
+
 #if !defined(MLAKIT_PLATFORM_NONE)
 inline Status rt_check(RtError e, const char* what) {
   if (e == kRtSuccess) return Status::ok();
@@ -294,7 +317,9 @@ inline Status query_device(int dev, DeviceInfo* info) {
   if (!s) return s;
   hipDeviceProp_t p;
   if (!(s = detail::rt_check(hipGetDeviceProperties(&p, dev), "hipGetDeviceProperties"))) return s;
-  *info = DeviceInfo{dev, p.multiProcessorCount, static_cast<int>(p.sharedMemPerBlock), p.gcnArch};
+  // gcnArchName ("gfx942:sramecc+:xnack-"): hipDeviceProp_t::gcnArch was removed in HIP 6.0.
+  *info = DeviceInfo{dev, p.multiProcessorCount, static_cast<int>(p.sharedMemPerBlock),
+                     detail::gfx_arch_number(p.gcnArchName)};
   return Status::ok();
 #else
   (void)dev;
