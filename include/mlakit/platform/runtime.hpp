@@ -205,12 +205,20 @@ inline Status check_stream_device(Stream stream, int dev) {
   if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread)
     return Status::ok();
 #if CUDART_VERSION >= 12080
-  s = rt_check(cudaStreamGetDevice(stream, &owner), "cudaStreamGetDevice(stream)");
+  // A capturing stream refuses cudaStreamGetDevice (even in relaxed capture mode): there the
+  // check is skipped, and a stream of another device fails at its launch instead.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  s = rt_check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing(stream)");
+  if (s && capture == cudaStreamCaptureStatusNone)
+    s = rt_check(cudaStreamGetDevice(stream, &owner), "cudaStreamGetDevice(stream)");
 #endif
 #else
   if (stream == nullptr || stream == hipStreamPerThread) return Status::ok();
 #if HIP_VERSION >= 60000000
-  s = rt_check(hipStreamGetDevice(stream, &owner), "hipStreamGetDevice(stream)");
+  hipStreamCaptureStatus capture = hipStreamCaptureStatusNone;
+  s = rt_check(hipStreamIsCapturing(stream, &capture), "hipStreamIsCapturing(stream)");
+  if (s && capture == hipStreamCaptureStatusNone)
+    s = rt_check(hipStreamGetDevice(stream, &owner), "hipStreamGetDevice(stream)");
 #endif
 #endif
   if (!s) return s;
