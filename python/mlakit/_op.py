@@ -13,38 +13,78 @@ buffers and CUDA graphs see fixed addresses; mlakit.decode() is the functional w
 allocates them. The workspace is scratch: pass one, or leave None to use the per-device
 cache of mlakit._workspace.
 """
-from typing import Optional
-
 import torch
 
 from . import _ext, _workspace
 from ._checks import SPLIT_MODES, check_decode_args
 from .reference import decode_reference
 
+_SCHEMA = ("(Tensor q, Tensor kv_cache, Tensor? block_table, Tensor? kv_indptr, Tensor? kv_indices, "
+           "Tensor kv_len, Tensor(a6!) out, Tensor(a7!)? lse, float softmax_scale, float kv_scale=1., "
+           "bool causal=True, str split_mode=\"auto\", SymInt num_splits=0, "
+           "Tensor(a13!)? workspace=None) -> ()")
 _MUTATED = ("out", "lse", "workspace")
 
+# Registered piece by piece (define, fake, per-device kernels, Autograd and ADInplaceOrView
+# kernels) rather than with torch.library.custom_op: in PyTorch 2.11 (fixed by 2.15),
+# custom_op's ADInplaceOrView kernel for a mutable op reads the written arguments at their
+# schema positions, but the dispatcher hands a Python kernel the positional arguments without
+# the trailing ones equal to their defaults. A call with workspace=None (the default, and the
+# usual call) failed there with "IndexError: tuple index out of range", however the caller
+# passed it. The kernel below looks only at the arguments it was given.
+_lib = torch.library.Library("mlakit", "FRAGMENT")
+_lib.define("decode" + _SCHEMA, tags=(torch.Tag.pt2_compliant_tag,))
+_MUTATED_INDEX = tuple(i for i, a in enumerate(torch.ops.mlakit.decode.default._schema.arguments)
+                       if a.name in _MUTATED)
+_AFTER_AD_INPLACE_OR_VIEW = torch._C._after_ADInplaceOrView_keyset
+_AFTER_AUTOGRAD = torch._C._after_autograd_keyset
 
-@torch.library.custom_op("mlakit::decode", mutates_args=_MUTATED)
-def decode_op(q: torch.Tensor, kv_cache: torch.Tensor, block_table: Optional[torch.Tensor],
-              kv_indptr: Optional[torch.Tensor], kv_indices: Optional[torch.Tensor],
-              kv_len: torch.Tensor, out: torch.Tensor, lse: Optional[torch.Tensor],
-              softmax_scale: float, kv_scale: float = 1.0, causal: bool = True,
-              split_mode: str = "auto", num_splits: int = 0,
-              workspace: Optional[torch.Tensor] = None) -> None:
+
+def _decode_ad_inplace_or_view(keyset, *args, **kwargs):
+    """Bumps the version counters of the written tensors (out, lse, workspace) that the call
+    has, then goes on to the device kernel; the dispatcher passes positional arguments in
+    args, without trailing ones left at their defaults."""
+    written = [args[i] for i in _MUTATED_INDEX if i < len(args)]
+    written += [kwargs[name] for name in _MUTATED if name in kwargs]
+    tensors = [t for t in written if isinstance(t, torch.Tensor)]
+    if tensors:
+        torch.autograd.graph.increment_version(tensors)
+    return torch.ops.mlakit.decode.default.redispatch(keyset & _AFTER_AD_INPLACE_OR_VIEW, *args, **kwargs)
+
+
+def _decode_autograd(keyset, *args, **kwargs):
+    """No derivative: runs the kernels below autograd, so the written tensors get no graph
+    (as custom_op's autograd kernel without a registered backward)."""
+    with torch._C._AutoDispatchBelowAutograd():
+        return torch.ops.mlakit.decode.default.redispatch(keyset & _AFTER_AUTOGRAD, *args, **kwargs)
+
+
+_lib.impl("decode", _decode_ad_inplace_or_view, "ADInplaceOrView", with_keyset=True)
+_lib.impl("decode", _decode_autograd, "Autograd", with_keyset=True)
+decode_op = torch.ops.mlakit.decode.default
+
+
+def _decode_not_supported(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
+                          softmax_scale, kv_scale=1.0, causal=True, split_mode="auto", num_splits=0,
+                          workspace=None):
     check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
                       softmax_scale, kv_scale, causal, split_mode, num_splits, workspace)
     raise _ext.Error(f"mlakit.decode runs on CUDA (and on CPU through the reference), not on {q.device.type}",
                      "not_supported")
 
 
-@decode_op.register_fake
+# Devices without a kernel of their own (as custom_op's default implementation would be).
+_lib.impl("decode", _decode_not_supported, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("mlakit::decode", lib=_lib)
 def _decode_fake(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse, softmax_scale,
                  kv_scale=1.0, causal=True, split_mode="auto", num_splits=0, workspace=None):
     check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
                       softmax_scale, kv_scale, causal, split_mode, num_splits, workspace)
 
 
-@decode_op.register_kernel("cuda")
+@torch.library.register_kernel("mlakit::decode", "cuda", lib=_lib)
 def _decode_cuda(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse, softmax_scale,
                  kv_scale=1.0, causal=True, split_mode="auto", num_splits=0, workspace=None):
     check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
@@ -63,7 +103,7 @@ def _decode_cuda(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, l
         _ext.raise_status(name, message)
 
 
-@decode_op.register_kernel("cpu")
+@torch.library.register_kernel("mlakit::decode", "cpu", lib=_lib)
 def _decode_cpu(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse, softmax_scale,
                 kv_scale=1.0, causal=True, split_mode="auto", num_splits=0, workspace=None):
     check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,

@@ -275,6 +275,44 @@ def test_good_base_args_run():
     torch.ops.mlakit.decode(**base_args())
 
 
+ORDER = ["q", "kv_cache", "block_table", "kv_indptr", "kv_indices", "kv_len", "out", "lse", "softmax_scale"]
+
+
+@pytest.mark.parametrize("form", ["required only", "all positional", "keywords", "no lse", "workspace",
+                                  "workspace keyword"])
+def test_op_bumps_the_versions_of_what_it_writes(form):
+    # The dispatcher hands the ADInplaceOrView kernel the call without its trailing defaults
+    # (workspace=None above all): torch.library.custom_op's kernel raised IndexError on that in
+    # PyTorch 2.11, whatever the caller passed.
+    a = base_args()
+    ws = torch.empty(1024, dtype=torch.uint8)
+    if form == "no lse":
+        a["lse"] = None
+    positional = [a[k] for k in ORDER]
+    if form == "required only":
+        torch.ops.mlakit.decode(*positional)
+    elif form == "all positional":
+        torch.ops.mlakit.decode(*positional, 1.0, True, "auto", 0, None)
+    elif form in ("keywords", "no lse"):
+        torch.ops.mlakit.decode(**a, kv_scale=1.0, causal=True)
+    elif form == "workspace":
+        torch.ops.mlakit.decode(*positional, 1.0, True, "auto", 0, ws)
+    else:
+        torch.ops.mlakit.decode(*positional, workspace=ws)
+    assert a["out"]._version > 0
+    if a["lse"] is not None:
+        assert a["lse"]._version > 0
+    assert ws._version == (1 if form.startswith("workspace") else 0)
+
+
+def test_op_has_no_derivative_and_records_no_graph():
+    a = base_args()
+    a["q"] = a["q"].float().requires_grad_().to(torch.bfloat16)
+    torch.ops.mlakit.decode(**a)
+    assert not a["out"].requires_grad and a["out"].grad_fn is None
+    assert not a["lse"].requires_grad
+
+
 def test_functional_wrapper_rejects_non_tensor_q():
     with pytest.raises(mlakit.ArgumentError, match="q has shape"):
         mlakit.decode([1, 2], None, None, softmax_scale=1.0)
