@@ -228,8 +228,16 @@ std::tuple<int64_t, int, std::string, std::string> workspace_bytes(int64_t batch
                                                                    int64_t device_index) {
   mlakit::DecodeArgs a;
   a.batch = static_cast<int>(batch);
+  // The size depends on rows = heads x q_len only; express them as a shape of the domain
+  // (heads <= 128, q_len <= 32: rows always come from such a shape, so a divisor exists).
   a.num_heads = static_cast<int>(rows);
   a.q_len = 1;
+  for (int q = 1; q <= mlakit::kMaxQLen; ++q)
+    if (rows % q == 0 && rows / q <= mlakit::kMaxHeads) {
+      a.num_heads = static_cast<int>(rows / q);
+      a.q_len = q;
+      break;
+    }
   a.split_mode = static_cast<mlakit::SplitMode>(split_mode);
   a.num_splits = static_cast<int>(num_splits);
   int64_t bytes = 0;

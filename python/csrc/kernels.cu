@@ -28,7 +28,9 @@ int query_workspace_bytes(const mlakit::DecodeArgs& a, std::int64_t* bytes, char
                           std::size_t capacity) {
   mlakit::DeviceInfo dev;
   mlakit::Status s = mlakit::cached_device_info(&dev);
-  if (s) *bytes = static_cast<std::int64_t>(mlakit::workspace_bytes(a, dev));
+  std::size_t n = 0;
+  if (s) s = mlakit::workspace_bytes(a, dev, &n);  // a Status, not a silent 0, off the domain
+  if (s) *bytes = static_cast<std::int64_t>(n);
   return report(s, message, capacity);
 }
 
