@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Checks that ptxas keeps the wgmma pipeline of the warp-specialized Hopper mainloop
+# asynchronous: compiles its kernel (decode_kernel_ws, built with -DMLAKIT_WS_MAINLOOP) for three
+# KV paths to sm_90a machine code and counts, in the disassembly, the HGMMA instructions and the
+# WARPGROUP.DEPBAR waits. The source waits 6 times per kernel (docs/design.md, "Hopper
+# mainloops"); ptxas serialises a pipeline it cannot prove safe by adding a wait after every
+# HGMMA, without always printing its C7515 note, so the count is the check.
+# Also prints, for information, the C7515 notes of the default 64-row instantiations (the split-S
+# mainloop still has them; see the open work in docs/performance.md).
+#   bash tools/check-wgmma.sh            (nvcc on PATH or in /usr/local/cuda/bin; needs pip for the
+#                                        disassembler wheel, downloaded once, not installed)
+# Environment: MLAKIT_TOOLS_DIR (default /tmp/mlakit-tools), MLAKIT_MAX_WAITS (default 6).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root=$PWD
+tools=${MLAKIT_TOOLS_DIR:-/tmp/mlakit-tools}
+max_waits=${MLAKIT_MAX_WAITS:-6}
+if ! command -v nvcc >/dev/null 2>&1; then export PATH=/usr/local/cuda/bin:$PATH; fi
+command -v nvcc >/dev/null || { echo "check-wgmma.sh: nvcc not found" >&2; exit 2; }
+
+nvdisasm=$(command -v nvdisasm || true)
+if [ -z "$nvdisasm" ]; then
+  nvdisasm=$(find "$tools/nvdisasm" -name nvdisasm -type f 2>/dev/null | head -n 1 || true)
+fi
+if [ -z "$nvdisasm" ]; then
+  mkdir -p "$tools/nvdisasm"
+  python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$tools/nvdisasm" \
+    nvidia-cuda-nvdisasm
+  (cd "$tools/nvdisasm" && python3 -m zipfile -e nvidia_cuda_nvdisasm-*.whl .)
+  nvdisasm=$(find "$tools/nvdisasm" -name nvdisasm -type f | head -n 1)
+  chmod +x "$nvdisasm"
+fi
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+status=0
+for problem in "bf16_t, bf16_t, 16, 8, Causal::on" "bf16_t, fp8_e4m3fn_t, 16, 8, Causal::on" \
+  "fp16_t, kv_any_t"; do
+  cat >"$work/ws.cu" <<CU
+#include <mlakit/kernel/decode_kernel.hpp>
+namespace mlakit::detail {
+template __global__ void decode_kernel_ws<DecodeTraits<Problem<${problem}>, 2>>(const KernelArgs);
+}
+CU
+  nvcc -std=c++17 -arch=sm_90a -DMLAKIT_WS_MAINLOOP -DMLAKIT_BACKEND_CUDA=1 -I"$root/include" \
+    -cubin "$work/ws.cu" -o "$work/ws.cubin" >"$work/nvcc.log" 2>&1 || { cat "$work/nvcc.log"; exit 1; }
+  "$nvdisasm" "$work/ws.cubin" >"$work/ws.sass"
+  hgmma=$(grep -c 'HGMMA' "$work/ws.sass" || true)
+  waits=$(grep -c 'WARPGROUP.DEPBAR' "$work/ws.sass" || true)
+  verdict=ok
+  if [ "$hgmma" -eq 0 ] || [ "$waits" -gt "$max_waits" ]; then
+    verdict="SERIALISED (more than $max_waits waits)"
+    status=1
+  fi
+  printf 'decode_kernel_ws<%s>: %3d HGMMA, %3d WARPGROUP.DEPBAR: %s\n' "$problem" "$hgmma" \
+    "$waits" "$verdict"
+done
+
+cat >"$work/default.cu" <<CU
+#include <mlakit/kernel/decode_kernel.hpp>
+namespace mlakit::detail {
+template __global__ void decode_kernel<DecodeTraits<Problem<bf16_t, fp8_e4m3fn_t, 16, 8, Causal::on>, 2>>(const KernelArgs);
+}
+CU
+notes=$(nvcc -std=c++17 -arch=sm_90a -DMLAKIT_BACKEND_CUDA=1 -I"$root/include" -c \
+  "$work/default.cu" -o "$work/default.o" -Xptxas -v 2>&1 | grep -c 'C7515' || true)
+echo "default 64-row instantiation (split-S mainloop), for information: $notes ptxas C7515 note(s)"
+exit $status
