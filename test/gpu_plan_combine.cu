@@ -182,6 +182,7 @@ struct CombineCase {
   bool padded = false;  // O and LSE strides with gaps (which must stay poisoned)
   bool lse = true;
   std::uint64_t seed = 1;
+  int warps_per_row = 0;  // combine layout: 0 = the one decode() picks for the plan
 };
 
 double decode16(DType t, std::uint16_t h) {
@@ -197,7 +198,7 @@ double ulp16(DType t, double x) {
   return std::ldexp(1.0, std::max(e - 1, min_exp) - mant);
 }
 
-void check_combine(const CombineCase& c) {
+void check_combine_once(const CombineCase& c) {
   std::mt19937_64 g(c.seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   const int batch = int(c.lens.size()), rows = c.heads * c.q_len;
@@ -267,16 +268,14 @@ void check_combine(const CombineCase& c) {
   a.out = d_out.ptr;
   a.lse = c.lse ? d_lse.as<float>() : nullptr;
 
-  // The launch of api/decode.hpp: one block per (request, kRowsPerBlock rows), one warp a row.
-  constexpr int kRowsPerBlock = detail::kCombineThreads / detail::kWarpSize;
-  const dim3 grid(batch, (rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  // The launch of api/decode.hpp, with the warps per row it picks for this plan (0) or forced
+  // to 1, 2, 4 or 8 so that every layout of the kernel meets every case.
+  const int wpr = c.warps_per_row > 0 ? c.warps_per_row : detail::combine_warps_per_row(shape);
+  INFO("warps per row " << wpr);
   const detail::WorkspaceView view = detail::workspace_view(d_ws.ptr, wl, rows_padded);
-  const Status launch =
-      c.q_type == DType::bf16
-          ? detail::launch_kernel("combine_kernel", detail::combine_kernel<bf16_t>, grid,
-                                  dim3(detail::kCombineThreads), 0, nullptr, a, view)
-          : detail::launch_kernel("combine_kernel", detail::combine_kernel<fp16_t>, grid,
-                                  dim3(detail::kCombineThreads), 0, nullptr, a, view);
+  const Status launch = c.q_type == DType::bf16
+                            ? detail::launch_combine<bf16_t>(a, view, wpr, nullptr)
+                            : detail::launch_combine<fp16_t>(a, view, wpr, nullptr);
   INFO(launch.message());
   REQUIRE(launch.is_ok());
   REQUIRE(gpu_sync());
@@ -382,6 +381,14 @@ TEST_CASE("device planner equals plan_on_host field by field", "[gpu]") {
     ++cases;
   }
   CHECK(cases == 90);
+}
+
+// Every case with decode()'s layout and with each forced one (1, 2, 4, 8 warps per row).
+void check_combine(CombineCase c) {
+  for (int w = 0; w <= detail::kCombineWarps; w = w == 0 ? 1 : 2 * w) {
+    c.warps_per_row = w;
+    check_combine_once(c);
+  }
 }
 
 TEST_CASE("combine merges split partials like a double LSE merge", "[gpu]") {

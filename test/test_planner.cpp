@@ -269,8 +269,9 @@ TEST_CASE("planner: one grid serves every step (num_ctas never depends on kv_len
     for (int batch : {0, 1, 2, 3, 5, 64, 300, 5000})
       for (int rt = 1; rt <= 64; ++rt) {
         const int target = std::max(1, int(ceil_div(2LL * sms, rt)));
-        // At least one CTA per request, at most kMaxSplits per request.
-        const int autom = batch == 0 ? 0 : std::min(std::max(target, batch), batch * kMaxSplits);
+        // At least one CTA per request, at most kMaxAutoSplits per request.
+        const int autom =
+            batch == 0 ? 0 : std::min(std::max(target, batch), batch * kMaxAutoSplits);
         CHECK(plan_num_ctas(SplitMode::automatic, 1, batch, rt, sms) == autom);
         CHECK(plan_num_ctas(SplitMode::none, 7, batch, rt, sms) == batch);
         CHECK(plan_num_ctas(SplitMode::fixed, 7, batch, rt, sms) == 7 * batch);

@@ -193,10 +193,8 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   }
   if (!s) return s;
   if (shape.max_partials() > 0) {
-    constexpr int kRowsPerBlock = kCombineThreads / kWarpSize;
-    const dim3 grid(a.batch, (a.rows() + kRowsPerBlock - 1) / kRowsPerBlock);
-    if (!(s = launch_kernel("combine_kernel", combine_kernel<typename Problem::q_type>, grid,
-                            dim3(kCombineThreads), 0, stream, a, k.ws)))
+    if (!(s = launch_combine<typename Problem::q_type>(a, k.ws, combine_warps_per_row(shape),
+                                                       stream)))
       return s;
   }
   return Status::ok();

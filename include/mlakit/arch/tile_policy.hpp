@@ -7,13 +7,10 @@
 namespace mlakit::arch {
 
 // The mainloop a policy runs. warp_mma: the mma.sync / MFMA mainloop of decode_kernel.hpp
-// (every target). warpgroup: in sm_90a code, the split-S wgmma mainloop of decode_wgmma.hpp
-// in the same kernel and launch size (other targets: warp_mma). warpgroup_ws: the
-// warp-specialized wgmma mainloop of decode_ws_sm90.hpp (its own kernel, 384 threads) where
-// the device runs its sm_90a code; elsewhere the policy falls back to warp_mma with `threads`
-// threads. warpgroup_ws is opt-in (MLAKIT_WS_MAINLOOP): measured slower than warpgroup on
-// the H200 so far (docs/performance.md).
-enum class Mainloop : int { warp_mma = 0, warpgroup = 1, warpgroup_ws = 2 };
+// (every target). warpgroup_ws: the warp-specialized wgmma mainloop of decode_ws_sm90.hpp
+// (its own kernel, 384 threads) where the device runs its sm_90a code; elsewhere the policy
+// falls back to warp_mma with `threads` threads.
+enum class Mainloop : int { warp_mma = 0, warpgroup_ws = 2 };
 
 struct TilePolicy {
   int rows;         // rows (token, head) per CTA: 16, 32 or 64
@@ -41,17 +38,13 @@ inline constexpr TilePolicy kPolicies[] = {
 //   page size 64 and 30% slower with page size 1).
 // rows 32: 8 warps, 64-token tiles, fp8 KV with three raw stages (108 KB), ~221 KB; e4m3fn
 //   KV: four raw 36 KB stages.
-// rows 64: 8 warps, Q 72 KB + two 72 KB KV stages + P and reductions ~ 226 KB (mma.sync on
-//   sm_80; sm_90a runs the warpgroup mainloop, decode_wgmma.hpp, in the same launch size, or
-//   with MLAKIT_WS_MAINLOOP the warp-specialized one, decode_ws_sm90.hpp, 384 threads).
+// rows 64: sm_90a runs the warp-specialized mainloop (decode_ws_sm90.hpp: 384 threads, Q 72 KB
+//   + two 72 KB KV stages + P, 226 KB); the fallback elsewhere (sm_80) is mma.sync with 8
+//   warps and the numbers below.
 inline constexpr TilePolicy kPolicies[] = {
     {16, 32, 128, 2, 36864, 2, 4, Mainloop::warp_mma},
     {32, 64, 256, 2, 110592, 1, 4, Mainloop::warp_mma},
-#if defined(MLAKIT_WS_MAINLOOP)
     {64, 64, 256, 2, 73728, 1, 3, Mainloop::warpgroup_ws},
-#else
-    {64, 64, 256, 2, 73728, 1, 3, Mainloop::warpgroup},
-#endif
 };
 #endif
 

@@ -20,6 +20,11 @@ namespace mlakit {
 inline constexpr int kPlanTokens = 64;    // KV tokens per cost unit (one KV tile)
 inline constexpr int kOverheadUnits = 2;  // automatic mode: fixed cost of each request
 inline constexpr int kPlanWaves = 2;      // automatic mode: CTAs per SM to aim for
+// Automatic mode: most CTAs per request (on average). High enough that one long request fills
+// every SM (batch 1 x 131072 tokens had 64 CTAs under the old cap, the fixed-mode limit
+// kMaxSplits, and ran at a tenth of the memory bound); the combine kernel merges hundreds of
+// pieces per row in parallel.
+inline constexpr int kMaxAutoSplits = 512;
 
 // Grid-level shape of a plan: everything here is known on the host before launch.
 struct PlanShape {
@@ -47,7 +52,7 @@ MLAKIT_HOST_DEVICE inline int plan_num_ctas(SplitMode mode, int fixed_splits, in
   if (mode == SplitMode::none) return batch;
   if (mode == SplitMode::fixed) return batch * fixed_splits;
   const int target = (kPlanWaves * sm_count + row_tiles - 1) / row_tiles;
-  const int cap = batch * kMaxSplits;  // kMaxSplits CTAs per request on average
+  const int cap = batch * kMaxAutoSplits;
   // At least one CTA per request: when requests (times row tiles) already fill the waves,
   // fewer CTAs than requests only adds boundary splits and coarser waves (measured on the
   // H200: 128 heads x q_len 8 x batch 32 ran 5.3 ms with 17 CTAs per row tile, 3.8 ms with

@@ -1,10 +1,17 @@
 #pragma once
 // Merges the fp32 partial outputs of split requests (LSE-weighted) into O and the optional
-// LSE. One warp per row; requests that were not split return at once. The grid depends only
-// on batch and rows.
+// LSE. A block of 256 threads serves one request and 256 / (32 W) rows of it: W warps per row
+// (1, 2, 4 or 8; W = 1 is one warp per row). The pieces of a row go to its warps in turn
+// (piece i to warp i mod W), so a row cut into hundreds of pieces (a long context at small
+// batch) merges in a few memory latencies, while many short splits waste no threads. W is
+// chosen on the host from the plan's shape (combine_warps_per_row), never from kv_len values.
+// Every sum has a fixed order (per warp in piece order, then over the row's warps in order):
+// results are bitwise the same on every run. Requests that were not split return at once.
 #include "../core/attention_math.hpp"
 #include "../core/numeric.hpp"
+#include "../core/plan.hpp"
 #include "../platform/intrinsics.hpp"
+#include "../platform/runtime.hpp"
 #include "workspace.hpp"
 
 #if !defined(MLAKIT_PLATFORM_NONE)
@@ -12,51 +19,113 @@
 namespace mlakit::detail {
 
 inline constexpr int kCombineThreads = 256;
+inline constexpr int kCombineWarps = kCombineThreads / kWarpSize;
+
+// Warps per row for a plan: about one warp per four pieces of an average request, at most
+// the whole block.
+inline int combine_warps_per_row(const PlanShape& shape) {
+  const int avg = shape.batch > 0 ? (shape.num_ctas + shape.batch - 1) / shape.batch : 1;
+  int w = 1;
+  while (w < kCombineWarps && 4 * w < avg) w *= 2;
+  return w;
+}
 
 template <class T>
-__global__ void __launch_bounds__(kCombineThreads) combine_kernel(DecodeArgs a, WorkspaceView ws) {
-  constexpr int kWarps = kCombineThreads / kWarpSize;
+__global__ void __launch_bounds__(kCombineThreads)
+    combine_kernel(DecodeArgs a, WorkspaceView ws, int warps_per_row) {
   constexpr int kColsPerLane = kHeadDimV / kWarpSize;  // 16 (NVIDIA) or 8 (AMD)
+  __shared__ float red[kCombineWarps];
+  __shared__ float part[kCombineWarps][kHeadDimV];
   const int b = static_cast<int>(blockIdx.x);
-  const int row = static_cast<int>(blockIdx.y) * kWarps + warp_id();
-  const int rows = a.num_heads * a.q_len;
-  if (row >= rows) return;
   const RequestPlan r = ws.requests[b];
-  if (r.num_pieces <= 1) return;  // written directly by the decode kernel
-  const int lane = lane_id();
+  if (r.num_pieces <= 1) return;  // written directly by the decode kernel (whole block)
+  const int W = warps_per_row;
+  const int lane = lane_id(), warp = warp_id();
+  const int sub = warp % W, lead = warp - sub;  // this warp's rank in its row, first warp
+  const int row = static_cast<int>(blockIdx.y) * (kCombineWarps / W) + warp / W;
+  const bool valid = row < a.num_heads * a.q_len;
+  const int n = valid ? r.num_pieces : 0;
+  const std::int64_t stride = ws.rows_padded;  // slot of piece i: first + i * stride
+  const std::int64_t first = std::int64_t(r.partial_base) * stride + row;
+  const int tid_row = sub * kWarpSize + lane, threads_row = W * kWarpSize;
 
+  // Merged LSE: the row's threads read its pieces in parallel; max, then sum, reduced per warp
+  // and over the row's warps in order.
   LseMerge merge;
-  for (int i = 0; i < r.num_pieces; ++i)
-    merge.add(ws.partial_lse[std::int64_t(r.partial_base + i) * ws.rows_padded + row]);
+  for (int i = tid_row; i < n; i += threads_row)
+    merge.max_lse = fmaxf(merge.max_lse, ws.partial_lse[first + i * stride]);
+  for (int o = kWarpSize / 2; o > 0; o /= 2)
+    merge.max_lse = fmaxf(merge.max_lse, shfl_xor(merge.max_lse, o));
+  if (lane == 0) red[warp] = merge.max_lse;
+  block_sync();
+  merge.max_lse = red[lead];
+  for (int k = 1; k < W; ++k) merge.max_lse = fmaxf(merge.max_lse, red[lead + k]);
+  block_sync();  // red is reused below
+  for (int i = tid_row; i < n; i += threads_row) {
+    const float l = ws.partial_lse[first + i * stride];
+    if (l != neg_inf()) merge.sum += __builtin_exp2f((l - merge.max_lse) * kLog2e);
+  }
+  for (int o = kWarpSize / 2; o > 0; o /= 2) merge.sum += shfl_xor(merge.sum, o);
+  if (lane == 0) red[warp] = merge.sum;
+  block_sync();
+  merge.sum = 0.0f;
+  for (int k = 0; k < W; ++k) merge.sum += red[lead + k];
 
+  // This warp's pieces: sum of w_i O_i; empty pieces (w_i = 0) add nothing.
   float acc[kColsPerLane];
 #pragma unroll
   for (int j = 0; j < kColsPerLane; ++j) acc[j] = 0.0f;
-  for (int i = 0; i < r.num_pieces; ++i) {
-    const std::int64_t slot_row = std::int64_t(r.partial_base + i) * ws.rows_padded + row;
-    const float w = merge.weight(ws.partial_lse[slot_row]);
-    if (w == 0.0f) continue;  // empty piece: its O is 0 and may be skipped
-    const float4* src = reinterpret_cast<const float4*>(ws.partial_o + slot_row * kHeadDimV) + lane;
+#pragma unroll 2
+  for (int i = sub; i < n; i += W) {
+    const float w = merge.weight(ws.partial_lse[first + i * stride]);
+    const float4* src =
+        reinterpret_cast<const float4*>(ws.partial_o + (first + i * stride) * kHeadDimV) + lane;
 #pragma unroll
     for (int j = 0; j < kColsPerLane / 4; ++j) {
       const float4 v = src[j * kWarpSize];
-      acc[4 * j + 0] += w * v.x;
-      acc[4 * j + 1] += w * v.y;
-      acc[4 * j + 2] += w * v.z;
-      acc[4 * j + 3] += w * v.w;
+      acc[4 * j + 0] += w != 0.0f ? w * v.x : 0.0f;
+      acc[4 * j + 1] += w != 0.0f ? w * v.y : 0.0f;
+      acc[4 * j + 2] += w != 0.0f ? w * v.z : 0.0f;
+      acc[4 * j + 3] += w != 0.0f ? w * v.w : 0.0f;
     }
   }
+  if (W > 1) {  // W is the same in the whole block: every thread reaches the barrier
+#pragma unroll
+    for (int j = 0; j < kColsPerLane / 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) part[warp][4 * (lane + j * kWarpSize) + e] = acc[4 * j + e];
+    block_sync();
+  }
+  if (!valid) return;
   const int t = row / a.num_heads, h = row % a.num_heads;
   T* out =
       static_cast<T*>(a.out) + b * a.o_stride_batch + t * a.o_stride_token + h * a.o_stride_head;
+  if (W == 1) {
 #pragma unroll
-  for (int j = 0; j < kColsPerLane / 4; ++j) {
-    const int col = 4 * (lane + j * kWarpSize);
+    for (int j = 0; j < kColsPerLane / 4; ++j) {
+      const int col = 4 * (lane + j * kWarpSize);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) out[col + e] = from_float<T>(acc[4 * j + e]);
+      for (int e = 0; e < 4; ++e) out[col + e] = from_float<T>(acc[4 * j + e]);
+    }
+  } else {
+    for (int col = tid_row; col < kHeadDimV; col += threads_row) {
+      float v = part[lead][col];
+      for (int k = 1; k < W; ++k) v += part[lead + k][col];
+      out[col] = from_float<T>(v);
+    }
   }
-  if (a.lse != nullptr && lane == 0)
+  if (a.lse != nullptr && tid_row == 0)
     a.lse[b * a.lse_stride_batch + t * a.lse_stride_token + h * a.lse_stride_head] = merge.lse();
+}
+
+// The launch decode() makes: grid (batch, row groups), W warps per row.
+template <class T>
+inline Status launch_combine(const DecodeArgs& a, const WorkspaceView& ws, int warps_per_row,
+                             Stream stream) {
+  const int rows_per_block = kCombineWarps / warps_per_row;
+  const dim3 grid(a.batch, (a.rows() + rows_per_block - 1) / rows_per_block);
+  return launch_kernel("combine_kernel", combine_kernel<T>, grid, dim3(kCombineThreads), 0,
+                       stream, a, ws, warps_per_row);
 }
 
 }  // namespace mlakit::detail

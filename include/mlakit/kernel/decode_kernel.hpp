@@ -3,8 +3,8 @@
 //
 // Grid (row_tiles, num_ctas): CTA (r, c) processes rows [r*Rows, (r+1)*Rows) of every
 // request piece the planner gave CTA c (row = token * heads + head). Per piece (this file's
-// mainloop: mma.sync on NVIDIA, MFMA on AMD; on sm_90a the 64-row policy runs the warpgroup
-// mainloop of decode_wgmma.hpp, or the warp-specialized one of decode_ws_sm90.hpp):
+// mainloop: mma.sync on NVIDIA, MFMA on AMD; on sm_90a the 64-row policy runs the
+// warp-specialized mainloop of decode_ws_sm90.hpp in its own kernel instead):
 //   sQ [Rows, 576] resident in shared memory (compute type, swizzled)
 //   for each KV tile (32 or 64 tokens), gathered through the page mapping into a pipeline
 //   of stages (KV of the compute type and raw e4m3fn bytes by cp.async; other types
@@ -30,7 +30,6 @@
 #include "../core/attention_math.hpp"
 #include "../core/plan.hpp"
 #include "../platform/intrinsics.hpp"
-#include "decode_wgmma.hpp"
 #include "problem.hpp"
 #include "smem_tile.hpp"
 #include "workspace.hpp"
@@ -99,20 +98,7 @@ struct DecodeTraits {
   static constexpr int kOffRed = kOffP + kPBytes;
   static constexpr int kSyncSmemBytes = kOffRed + kRedBytes + kScaleBytes;  // mma.sync layout
 
-  // Hopper (sm_90a device code): a `warpgroup` policy runs the warpgroup mainloop
-  // (decode_wgmma.hpp) in this kernel, with Q and two KV stages in 128-byte-swizzled tiles.
-#if defined(MLAKIT_PLATFORM_CUDA)
-  static constexpr bool kUseWgmma =
-      kPolicy.mainloop == arch::Mainloop::warpgroup && kRows == 64 && kThreads == 256;
-#else
-  static constexpr bool kUseWgmma = false;
-#endif
-  static constexpr int kWgTileBytes = kHeadDimQK * 64 * 2;  // 9 chunks of 64 rows x 128 B
-  // Q, two KV stages, P [64 x 64], row max / sum exchange [2][64], Q row scales.
-  static constexpr int kWgSmemBytes = 3 * kWgTileBytes + 64 * 64 * 2 + 2 * 64 * 4 + kScaleBytes;
-  // One launch size serves both device paths (the binary may hold sm_80 and sm_90a code).
-  static constexpr int kSmemBytes =
-      kUseWgmma && kWgSmemBytes > kSyncSmemBytes ? kWgSmemBytes : kSyncSmemBytes;
+  static constexpr int kSmemBytes = kSyncSmemBytes;
   // A `warpgroup_ws` policy has its own kernel (decode_ws_sm90.hpp) for sm_90a; this kernel
   // is then only its fallback on other targets.
   static constexpr bool kWarpgroupPolicy = kPolicy.mainloop == arch::Mainloop::warpgroup_ws;
@@ -730,12 +716,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kPolicy.ctas_per_sm)
     for (int b = cp.req_begin; b <= cp.req_end; ++b) {
       ml.b = b;
       const RequestPlan rq = p.ws.requests[b];
-#if defined(MLAKIT_WGMMA_ENABLED)
-      if constexpr (Tr::kUseWgmma)
-        WgmmaMainloop<Tr>{ml}.run(rq, piece_of(p.shape, rq, cta, per_cta));
-      else
-#endif
-        ml.run(rq, piece_of(p.shape, rq, cta, per_cta));
+      ml.run(rq, piece_of(p.shape, rq, cta, per_cta));
       block_sync();  // shared memory is reused by the next piece
     }
   }

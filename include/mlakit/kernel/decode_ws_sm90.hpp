@@ -34,6 +34,11 @@
 //     writer's own wgmma reading the previous P has completed and after the barrier that
 //     publishes that P (see the comments in consume()).
 // A piece with an odd number of tiles gets one extra tile of zero-filled tokens, all masked.
+//
+// Timing builds (never for use: outputs are wrong): -DMLAKIT_WS_EXPERIMENT=1 makes the producer
+// signal every chunk without copying (the consumers' time alone), =2 makes the consumers wait
+// for and release every stage without matrix work (the producer's time alone). mlakit_bench
+// built with it times them (docs/performance.md has the numbers).
 #include <cstdint>
 
 #include "../arch/convert.hpp"
@@ -115,31 +120,95 @@ struct WsMainloop {
   }
 
   // ---- producer warpgroup ------------------------------------------------------------------
+  //
+  // Page ids are loaded one tile ahead: the id loads of tile i + 1 are issued before the
+  // producer waits for the stage of tile i, and tile i's row addresses come from ids that
+  // arrived during the previous tile. (Resolving each token's page right before its copy puts
+  // two dependent global loads per token, in sequence, between a stage release and the copies
+  // into that stage: measured, that chain and not the copies set the pace of a 2-stage ring.)
+
+  // fp8 KV is copied raw by 4 threads per token (2 tokens per thread), 16-bit KV by 8 threads
+  // per token (4 tokens per thread).
+  __device__ bool raw_fp8() const { return !Tr::kDirect && m.kv_bytes == 1; }
+  __device__ int tokens_per_thread() const { return raw_fp8() ? 2 : 4; }
+  __device__ int token_of(int tid, int k) const {
+    return raw_fp8() ? tid / 4 + 32 * k : tid / 8 + 16 * k;
+  }
+  // The page ids of request m.b (block-table row or CSR segment).
+  __device__ const std::int32_t* page_table() const {
+    const DecodeArgs& a = m.p.a;
+    return a.page_ids == PageIds::block_table ? a.block_table + m.b * a.block_table_stride
+                                              : a.kv_indices + a.kv_indptr[m.b];
+  }
+  // Issues the loads of the page ids of this thread's tokens of the tile at kt (tokens past
+  // the piece read the page of its last token, which exists; their copies zero-fill).
+  __device__ void fetch_pages(const std::int32_t* table, int kt, int last, int tid,
+                              int (&id)[4]) const {
+    const int n = tokens_per_thread();
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (k < n) {
+        const int j = min(kt + token_of(tid, k), last);
+        id[k] = __ldg(table + j / m.p.a.page_size);
+      }
+    }
+  }
+  __device__ const unsigned char* row_ptr(int page, int j) const {
+    const DecodeArgs& a = m.p.a;
+    const int in_page = j % a.page_size;
+    return static_cast<const unsigned char*>(a.kv) +
+           (std::int64_t(page) * a.kv_stride_page + std::int64_t(in_page) * a.kv_stride_token) *
+               m.kv_bytes;
+  }
+  // Row addresses of this thread's tokens of the tile at kt; nullptr past the piece.
+  __device__ void rows_of(int kt, int kv_end, int tid, const int (&id)[4],
+                          const unsigned char* (&src)[4]) const {
+    const int n = tokens_per_thread();
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int j = kt + token_of(tid, k);
+      src[k] = k < n && j < kv_end ? row_ptr(id[k], j) : nullptr;
+    }
+  }
+
   __device__ void produce(const Range& r, State& st) const {
+    const int n_tiles = 2 * r.n_pairs;
+    if (n_tiles == 0) return;
     const Pipeline pipe{sv.bars};
     const int tid = static_cast<int>(threadIdx.x) - kConsumerThreads;  // 0..127
-    const int n_tiles = 2 * r.n_pairs;
     const int row_bytes = kHeadDimQK * m.kv_bytes;
+    const std::int32_t* table = page_table();
+    const int last = r.kv_end - 1;
+    int id[4] = {0, 0, 0, 0}, id_next[4] = {0, 0, 0, 0};
+    fetch_pages(table, r.kv_begin, last, tid, id);
     for (int i = 0; i < n_tiles; ++i, st.advance()) {
       const int kt = r.kv_begin + 64 * i;
-      // Tiles i + 1 (first tile only) and i + 2 into L2 while this one waits for its stage.
-      if (tid < 64) {
-        if (i == 0 && kt + 64 + tid < r.kv_end)
-          arch::prefetch_l2(m.kv_row(kt + 64 + tid), row_bytes);
-        if (kt + 128 + tid < r.kv_end) arch::prefetch_l2(m.kv_row(kt + 128 + tid), row_bytes);
-      }
+      const unsigned char* src[4];
+      rows_of(kt, r.kv_end, tid, id, src);
+      const bool more = i + 1 < n_tiles && kt + 64 < r.kv_end;
+      if (more) fetch_pages(table, kt + 64, last, tid, id_next);  // in flight while waiting
       unsigned char* stage = ss.kv[st.stage()];
+#if defined(MLAKIT_WS_EXPERIMENT) && MLAKIT_WS_EXPERIMENT == 1
+      if (true) {
+        pipe.producer_acquire(st, kLo);
+        for (int c = 0; c < 4; ++c) pipe.producer_commit(st, c);
+        pipe.producer_acquire(st, kHi);
+        for (int c = 4; c < 9; ++c) pipe.producer_commit(st, c);
+      } else
+#endif
       if constexpr (Tr::kDirect) {
         pipe.producer_acquire(st, kLo);
-        load_direct<0, 4>(stage, kt, r.kv_end, pipe, st, tid);
+        load_direct<0, 4>(stage, src, pipe, st, tid);
         pipe.producer_acquire(st, kHi);
-        load_direct<4, 9>(stage, kt, r.kv_end, pipe, st, tid);
+        load_direct<4, 9>(stage, src, pipe, st, tid);
+        prefetch_next(more, kt + 64, r.kv_end, tid, id_next, row_bytes);
       } else if (m.kv_bytes == 1) {
         // Both halves' raw bytes in flight before the first conversion.
         pipe.producer_acquire(st, kLo);
-        copy_raw<0, 4>(stage, kt, r.kv_end, tid);
+        copy_raw<0, 4>(stage, src, tid);
         pipe.producer_acquire(st, kHi);
-        copy_raw<4, 9>(stage, kt, r.kv_end, tid);
+        copy_raw<4, 9>(stage, src, tid);
+        prefetch_next(more, kt + 64, r.kv_end, tid, id_next, row_bytes);
         Copy::template wait<1>();
         arch::named_sync(arch::NamedBarrier::producer, kProducerThreads);
         convert_fp8<0, 4>(stage, pipe, st, tid);
@@ -147,11 +216,27 @@ struct WsMainloop {
         arch::named_sync(arch::NamedBarrier::producer, kProducerThreads);
         convert_fp8<4, 9>(stage, pipe, st, tid);
       } else {
+        prefetch_next(more, kt + 64, r.kv_end, tid, id_next, row_bytes);
         pipe.producer_acquire(st, kLo);
-        load_convert16<0, 4>(stage, kt, r.kv_end, pipe, st, tid);
+        load_convert16<0, 4>(stage, src, pipe, st, tid);
         pipe.producer_acquire(st, kHi);
-        load_convert16<4, 9>(stage, kt, r.kv_end, pipe, st, tid);
+        load_convert16<4, 9>(stage, src, pipe, st, tid);
       }
+#pragma unroll
+      for (int k = 0; k < 4; ++k) id[k] = id_next[k];
+    }
+  }
+
+  // The next tile's rows into L2 (one thread per token), so that its copies, which wait for a
+  // stage release, find them there.
+  __device__ void prefetch_next(bool more, int kt, int kv_end, int tid, const int (&id)[4],
+                                int row_bytes) const {
+    if (!more || tid % (raw_fp8() ? 4 : 8) != 0) return;
+    const int n = tokens_per_thread();
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int j = kt + token_of(tid, k);
+      if (k < n && j < kv_end) arch::prefetch_l2(row_ptr(id[k], j), row_bytes);
     }
   }
 
@@ -159,14 +244,8 @@ struct WsMainloop {
   // copy instruction), 16 tokens per pass; each chunk's barrier is arrived on by the copy unit
   // once the chunk (and every earlier copy of this thread) has landed.
   template <int C0, int C1>
-  __device__ void load_direct(unsigned char* stage, int kt, int kv_end, const Pipeline& pipe,
-                              const State& st, int tid) const {
-    const unsigned char* src[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int j = kt + tid / 8 + 16 * k;
-      src[k] = j < kv_end ? m.kv_row(j) : nullptr;
-    }
+  __device__ void load_direct(unsigned char* stage, const unsigned char* const (&src)[4],
+                              const Pipeline& pipe, const State& st, int tid) const {
 #pragma unroll 1
     for (int c = C0; c < C1; ++c) {
       const int unit = 8 * c + tid % 8;
@@ -188,19 +267,19 @@ struct WsMainloop {
   // values go to the swizzled tile. Converted chunk c covers bytes [8 KB c, 8 KB (c + 1)) and
   // overwrites only raw chunks already read.
   template <int C0, int C1>
-  __device__ void copy_raw(unsigned char* stage, int kt, int kv_end, int tid) const {
+  __device__ void copy_raw(unsigned char* stage, const unsigned char* const (&src)[4],
+                           int tid) const {
     unsigned char* raw = stage + kRawBase<C0, C1>;
     const int sub = tid % 4;
 #pragma unroll
     for (int pass = 0; pass < 2; ++pass) {
       const int tok = tid / 4 + 32 * pass;
-      const int j = kt + tok;
-      const bool valid = j < kv_end;
-      const unsigned char* src = valid ? m.kv_row(j) : static_cast<const unsigned char*>(m.p.a.kv);
+      const bool valid = src[pass] != nullptr;
+      const unsigned char* s = valid ? src[pass] : static_cast<const unsigned char*>(m.p.a.kv);
 #pragma unroll
       for (int c = C0; c < C1; ++c)
         Copy::copy16(raw + (c - C0) * 4096 + tok * 64 + sub * 16,
-                     src + (valid ? (4 * c + sub) * 16 : 0), valid);
+                     s + (valid ? (4 * c + sub) * 16 : 0), valid);
     }
     Copy::commit();
   }
@@ -243,17 +322,17 @@ struct WsMainloop {
 
   // 16-bit KV of the other type, chunks [C0, C1): load, convert, store, chunk by chunk.
   template <int C0, int C1>
-  __device__ void load_convert16(unsigned char* stage, int kt, int kv_end, const Pipeline& pipe,
-                                 const State& st, int tid) const {
+  __device__ void load_convert16(unsigned char* stage, const unsigned char* const (&src)[4],
+                                 const Pipeline& pipe, const State& st, int tid) const {
 #pragma unroll 1
     for (int c = C0; c < C1; ++c) {
       const int unit = 8 * c + tid % 8;
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const int tok = tid / 8 + 16 * k;
-        const int j = kt + tok;
-        const uint4 raw = j < kv_end ? __ldg(reinterpret_cast<const uint4*>(m.kv_row(j)) + unit)
-                                     : uint4{0, 0, 0, 0};
+        const uint4 raw = src[k] != nullptr
+                              ? __ldg(reinterpret_cast<const uint4*>(src[k]) + unit)
+                              : uint4{0, 0, 0, 0};
         *reinterpret_cast<uint4*>(stage + Tile::unit_offset(tok, unit)) =
             arch::convert_16x8<T>(m.kv, raw);
       }
@@ -536,6 +615,31 @@ struct WsMainloop {
       // One loop per warpgroup: ptxas analyses wgmma hazards on the control-flow graph, and
       // a shared loop body would merge warpgroup 0's in-flight P V with warpgroup 1's
       // rescale of O, serialising every wgmma.
+#if defined(MLAKIT_WS_EXPERIMENT) && MLAKIT_WS_EXPERIMENT == 2
+      if (true) {
+        const Pipeline pipe{sv.bars};
+        for (int pair = 0; pair < r.n_pairs; ++pair) {
+          const State st_a = st;
+          st.advance();
+          const State st_b = st;
+          st.advance();
+          if (wg == 0) {
+            for (int c = 0; c < 9; ++c) pipe.consumer_wait(st_a, c);
+            pipe.consumer_release(st_a, kHi);
+            pipe.consumer_release(st_a, kLo);
+            for (int c = 0; c < 4; ++c) pipe.consumer_wait(st_b, c);
+            pipe.consumer_release(st_b, kLo);
+          } else {
+            for (int c = 0; c < 9; ++c) pipe.consumer_wait(st_b, c);
+            pipe.consumer_release(st_b, kLo);
+            for (int c = 4; c < 8; ++c) pipe.consumer_wait(st_a, c);
+            pipe.consumer_release(st_a, kHi);
+            pipe.consumer_release(st_b, kHi);
+          }
+          o[pair & 127] += 1.0f;
+        }
+      } else
+#endif
       if (wg == 0)
         consume_a(r, st, mask_from, sm, o, wi, g, t);
       else

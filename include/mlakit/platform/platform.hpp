@@ -6,6 +6,7 @@
 #include <hip/hip_runtime.h>
 #elif defined(__CUDACC__)
 #define MLAKIT_PLATFORM_CUDA 1
+#include <cuda.h>  // driver types for the driver entry points (no link to libcuda)
 #include <cuda_runtime.h>
 #else
 #define MLAKIT_PLATFORM_NONE 1

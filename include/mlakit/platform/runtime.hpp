@@ -147,12 +147,50 @@ inline Status with_relaxed_capture(const F& f) {
   return s ? restored : s;
 }
 
+#if defined(MLAKIT_PLATFORM_CUDA)
+// The driver's cuFuncSetAttribute, found once through the runtime (no link to libcuda).
+using DriverFuncSetAttribute = CUresult (*)(CUfunction, CUfunction_attribute, int);
+inline DriverFuncSetAttribute driver_func_set_attribute() {
+  static const DriverFuncSetAttribute fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    const cudaError_t e =
+        cudaGetDriverEntryPointByVersion("cuFuncSetAttribute", &p, 12000, cudaEnableDefault, &found);
+#else
+    const cudaError_t e = cudaGetDriverEntryPoint("cuFuncSetAttribute", &p, cudaEnableDefault, &found);
+#endif
+    return e == cudaSuccess && found == cudaDriverEntryPointSuccess
+               ? reinterpret_cast<DriverFuncSetAttribute>(p)
+               : nullptr;
+  }();
+  return fn;
+}
+#endif
+
 // Allows `kernel` to use `bytes` of dynamic shared memory (above the 48 KB default on NVIDIA)
 // on the current device.
+// CUDA: cudaFuncSetAttribute resets the calling thread's last error (CUDA 13 runtime,
+// measured on the H200), which would consume an error other code left there. The attribute
+// is therefore set on the kernel's driver function (cudaGetFuncBySymbol +
+// cuFuncSetAttribute), which leaves the last error alone; cudaFuncSetAttribute is the
+// fallback where the driver entry point is missing.
 template <class Kernel>
 inline Status set_dynamic_smem(Kernel kernel, int bytes) {
   return with_relaxed_capture([&] {
 #if defined(MLAKIT_PLATFORM_CUDA)
+    if (const DriverFuncSetAttribute set = driver_func_set_attribute()) {
+      cudaFunction_t f = nullptr;
+      const Status s = rt_check(cudaGetFuncBySymbol(&f, reinterpret_cast<const void*>(kernel)),
+                                "cudaGetFuncBySymbol");
+      if (!s) return s;
+      const CUresult r = set(reinterpret_cast<CUfunction>(f),
+                             CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes);
+      if (r == CUDA_SUCCESS) return Status::ok();
+      return Status(StatusCode::runtime_error,
+                    "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES, " + std::to_string(bytes) +
+                        ") failed: CUresult " + std::to_string(static_cast<int>(r)));
+    }
     return rt_check(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
         "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
