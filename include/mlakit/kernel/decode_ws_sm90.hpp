@@ -70,7 +70,9 @@ struct WsSharedStorage {
 };
 struct alignas(1024) WsStaticStorage {
   using Pipeline = arch::RingPipeline<2, 9, 2, 128>;
-  float row_max[2][64];  // running max after tile A / tile B
+  // Running max after tile A / tile B of a pair, in a slot per pair parity: a slot is
+  // rewritten two pairs after it was read, so no write can meet a read of the previous pair.
+  float row_max[2][2][64];
   float row_sum[2][64];  // epilogue: l of each consumer warpgroup
   float q_scale[64];     // e4m3 operand mode: 2^-e of each Q row
   Pipeline::Storage bars;
@@ -516,8 +518,8 @@ struct WsMainloop {
       // warpgroup's P V reading that P has completed.
       store_p(pf, wi, g, t);
       if (t == 0) {
-        sv.row_max[0][16 * wi + g] = sm.m_run[0];
-        sv.row_max[0][16 * wi + g + 8] = sm.m_run[1];
+        sv.row_max[pair & 1][0][16 * wi + g] = sm.m_run[0];
+        sv.row_max[pair & 1][0][16 * wi + g + 8] = sm.m_run[1];
       }
       arch::fence_proxy_async_smem();
       arch::named_arrive(arch::NamedBarrier::p_ready_a, kConsumerThreads);
@@ -528,7 +530,8 @@ struct WsMainloop {
       pipe.consumer_release(st_a, kLo);
       arch::named_sync(arch::NamedBarrier::p_ready_b, kConsumerThreads);
       arch::fence_proxy_async_smem();  // B-lo was waited for by warpgroup 1
-      const float mb[2] = {sv.row_max[1][16 * wi + g], sv.row_max[1][16 * wi + g + 8]};
+      const float mb[2] = {sv.row_max[pair & 1][1][16 * wi + g],
+                           sv.row_max[pair & 1][1][16 * wi + g + 8]};
       adopt_max(sm, mb, f);
       scale_o(o, f);
       issue_pv_smem(o, smem_u32(ss.kv[st_b.stage()]), 0);
@@ -560,7 +563,8 @@ struct WsMainloop {
       arch::wgmma_wait<0>();
       fence_all(s, o, pf);
       pipe.consumer_release(st_b, kLo);  // S_B was this warpgroup's only read of B-lo
-      const float ma[2] = {sv.row_max[0][16 * wi + g], sv.row_max[0][16 * wi + g + 8]};
+      const float ma[2] = {sv.row_max[pair & 1][0][16 * wi + g],
+                           sv.row_max[pair & 1][0][16 * wi + g + 8]};
       adopt_max(sm, ma, f);
       scale_o(o, f);
       issue_pv_smem(o, smem_u32(ss.kv[st_a.stage()]), 1);
@@ -570,8 +574,8 @@ struct WsMainloop {
       pipe.consumer_release(st_a, kHi);
       store_p(pf, wi, g, t);
       if (t == 0) {
-        sv.row_max[1][16 * wi + g] = sm.m_run[0];
-        sv.row_max[1][16 * wi + g + 8] = sm.m_run[1];
+        sv.row_max[pair & 1][1][16 * wi + g] = sm.m_run[0];
+        sv.row_max[pair & 1][1][16 * wi + g + 8] = sm.m_run[1];
       }
       arch::fence_proxy_async_smem();
       arch::named_arrive(arch::NamedBarrier::p_ready_b, kConsumerThreads);
