@@ -40,7 +40,7 @@ for problem in "bf16_t, bf16_t, 16, 8, Causal::on" "bf16_t, fp8_e4m3fn_t, 16, 8,
   cat >"$work/ws.cu" <<CU
 #include <mlakit/kernel/decode_kernel.hpp>
 namespace mlakit::detail {
-template __global__ void decode_kernel_ws<DecodeTraits<Problem<${problem}>, 2>>(const KernelArgs, const __grid_constant__ CUtensorMap, int);
+template __global__ void decode_kernel_ws<DecodeTraits<Problem<${problem}>, 2>>(const KernelArgs);
 }
 CU
   nvcc -std=c++17 -arch=sm_90a -DMLAKIT_BACKEND_CUDA=1 -I"$root/include" \

@@ -132,35 +132,6 @@ inline Status warpgroup_usable(const DeviceInfo& dev, bool* usable) {
 }
 #endif
 
-#if defined(MLAKIT_PLATFORM_CUDA)
-// Tensor map of the paged KV cache for the warp-specialized mainloop: a 3-D tensor
-// [pages][page_size][576] with the caller's strides, boxes of 64 columns x 64 tokens of one
-// page, in the tile layout (128-byte swizzle for 16-bit KV; raw [token][64 B] for fp8).
-// False where TMA does not apply (page_size not a multiple of 64, a stride or pointer TMA
-// cannot address, no driver entry point): every tile then comes by cp.async. The page
-// count is not known on the host; the map's bound on it is 2^31 - 1 (page ids are int32).
-inline bool make_kv_tensor_map(const DecodeArgs& a, int kv_bytes, CUtensorMap* map) {
-  if (a.page_size % 64 != 0) return false;
-  const DriverTensorMapEncodeTiled encode = driver_tensor_map_encode_tiled();
-  if (encode == nullptr) return false;
-  const std::uint64_t token_bytes = std::uint64_t(a.kv_stride_token) * kv_bytes;
-  const std::uint64_t page_bytes = std::uint64_t(a.kv_stride_page) * kv_bytes;
-  if (reinterpret_cast<std::uintptr_t>(a.kv) % 16 != 0 || token_bytes % 16 != 0 ||
-      page_bytes % 16 != 0 || token_bytes >= (1ull << 40) || page_bytes >= (1ull << 40))
-    return false;
-  const cuuint64_t dims[3] = {kHeadDimQK, static_cast<cuuint64_t>(a.page_size), 0x7fffffffull};
-  const cuuint64_t strides[2] = {token_bytes, page_bytes};
-  const cuuint32_t box[3] = {64, 64, 1};
-  const cuuint32_t unit[3] = {1, 1, 1};
-  const bool fp8 = kv_bytes == 1;
-  return encode(map, fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16, 3,
-                const_cast<void*>(a.kv), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                fp8 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-#endif
-
 // Launches planner, decode kernel and combine for one instantiation.
 template <class Problem, int PolicyIndex>
 inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* workspace,
@@ -208,15 +179,9 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   const dim3 grid(shape.row_tiles, shape.num_ctas);
 #if defined(MLAKIT_PLATFORM_CUDA)
   if constexpr (Tr::kWarpgroupPolicy) {
-    if (warpgroup) {
-      // Full KV tiles by TMA where a tensor map applies (KV of the compute type or fp8).
-      CUtensorMap map{};
-      const int kv_bytes = static_cast<int>(dtype_bytes(a.kv_type));
-      const bool tma = (Tr::kDirect || kv_bytes == 1) && make_kv_tensor_map(a, kv_bytes, &map);
+    if (warpgroup)
       s = launch_kernel("decode_kernel_ws", decode_kernel_ws<Tr>, grid,
-                        dim3(WsMainloop<Tr>::kThreads), sizeof(WsSharedStorage), stream, k, map,
-                        tma ? 1 : 0);
-    }
+                        dim3(WsMainloop<Tr>::kThreads), sizeof(WsSharedStorage), stream, k);
     else
       s = launch_kernel("decode_kernel", decode_kernel<Tr>, grid, dim3(Tr::kThreads),
                         Tr::kSmemBytes, stream, k);

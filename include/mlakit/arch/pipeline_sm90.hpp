@@ -45,36 +45,6 @@ __device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
 #endif
 }
 
-// Arrives on `bar` and adds `bytes` to the transaction count its current phase waits for
-// (bytes a bulk tensor copy will complete on it).
-__device__ __forceinline__ void mbar_arrive_expect_tx(std::uint64_t* bar, std::uint32_t bytes) {
-#if defined(MLAKIT_WGMMA_ENABLED)
-  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(
-                   detail::smem_u32(bar)),
-               "r"(bytes)
-               : "memory");
-#else
-  (void)bar, (void)bytes;
-#endif
-}
-
-// TMA: copies the box at coordinates (c0, c1, c2) of the 3-D tensor map `map` (a kernel
-// parameter declared __grid_constant__) to shared memory at `dst`; the copy completes its
-// bytes on `bar`.
-__device__ __forceinline__ void tma_load_3d(void* dst, const void* map, int c0, int c1, int c2,
-                                            std::uint64_t* bar) {
-#if defined(MLAKIT_WGMMA_ENABLED)
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(detail::smem_u32(dst)),
-      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2),
-      "r"(detail::smem_u32(bar))
-      : "memory");
-#else
-  (void)dst, (void)map, (void)c0, (void)c1, (void)c2, (void)bar;
-#endif
-}
-
 // Blocks until the phase of `bar` with parity `parity` has completed.
 __device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t parity) {
 #if defined(MLAKIT_WGMMA_ENABLED)
@@ -134,16 +104,6 @@ struct RingPipeline {
   // Producer: this thread's writes of `part` are complete and fenced for the async proxy.
   __device__ void producer_commit(const PipelineState<Stages>& ps, int part) const {
     mbar_arrive(&st.full[ps.stage()][part]);
-  }
-  // Producer (one thread): arrives on `part` expecting `bytes` from bulk tensor copies, which
-  // it then issues on full_barrier(ps, part); the other producer threads arrive with
-  // producer_commit.
-  __device__ void producer_expect_tx(const PipelineState<Stages>& ps, int part,
-                                     std::uint32_t bytes) const {
-    mbar_arrive_expect_tx(&st.full[ps.stage()][part], bytes);
-  }
-  __device__ std::uint64_t* full_barrier(const PipelineState<Stages>& ps, int part) const {
-    return &st.full[ps.stage()][part];
   }
   // Producer: `part` is complete once every cp.async this thread has issued so far has landed
   // (the arrival is made by the copy unit, the thread does not wait). Consumers then fence

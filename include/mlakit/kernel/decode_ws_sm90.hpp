@@ -76,7 +76,6 @@ struct alignas(1024) WsStaticStorage {
   float row_sum[2][64];  // epilogue: l of each consumer warpgroup
   float q_scale[64];     // e4m3 operand mode: 2^-e of each Q row
   Pipeline::Storage bars;
-  std::uint64_t raw_full[2][2];  // fp8 tiles by TMA: raw bytes of stage s, half h, landed
 };
 
 template <class Tr>
@@ -105,10 +104,6 @@ struct WsMainloop {
   DecodeMainloop<Tr>& m;
   WsSharedStorage& ss;
   WsStaticStorage& sv;
-  const void* kv_map;  // the KV tensor map (kernel parameter), used when kv_tma
-  bool kv_tma;         // full tiles arrive by TMA (page_size a multiple of 64; host decides)
-  // Producer: parity of the next use of raw_full[s][*] (bit s); kept across pieces.
-  std::uint32_t raw_phase = 0;
 
   // ---- the piece a CTA works on ----------------------------------------------------------
   struct Range {
@@ -178,7 +173,7 @@ struct WsMainloop {
     }
   }
 
-  __device__ void produce(const Range& r, State& st) {
+  __device__ void produce(const Range& r, State& st) const {
     const int n_tiles = 2 * r.n_pairs;
     if (n_tiles == 0) return;
     const Pipeline pipe{sv.bars};
@@ -187,7 +182,6 @@ struct WsMainloop {
     const std::int32_t* table = page_table();
     const int last = r.kv_end - 1;
     int id[4] = {0, 0, 0, 0}, id_next[4] = {0, 0, 0, 0};
-
     fetch_pages(table, r.kv_begin, last, tid, id);
     for (int i = 0; i < n_tiles; ++i, st.advance()) {
       const int kt = r.kv_begin + 64 * i;
@@ -204,38 +198,12 @@ struct WsMainloop {
         for (int c = 4; c < 9; ++c) pipe.producer_commit(st, c);
       } else
 #endif
-      // A tile whose 64 tokens are all valid comes by TMA when the host made a tensor map
-      // (one page holds the whole tile); the last, partial tile by cp.async with zero fill.
-      const int in_page = kt % m.p.a.page_size;
-      const bool tma = kv_tma && kt + 64 <= r.kv_end && in_page + 64 <= m.p.a.page_size;
       if constexpr (Tr::kDirect) {
-        if (tma) {
-          pipe.producer_acquire(st, kLo);
-          tma_chunks<0, 4>(stage, pipe, st, tid, in_page, id[0]);
-          pipe.producer_acquire(st, kHi);
-          tma_chunks<4, 9>(stage, pipe, st, tid, in_page, id[0]);
-        } else {
-          pipe.producer_acquire(st, kLo);
-          load_direct<0, 4>(stage, src, pipe, st, tid);
-          pipe.producer_acquire(st, kHi);
-          load_direct<4, 9>(stage, src, pipe, st, tid);
-        }
-        prefetch_next(more, kt + 64, r.kv_end, tid, id_next, row_bytes);
-      } else if (m.kv_bytes == 1 && tma) {
-        // Raw bytes of both halves by TMA; every producer thread waits for a half on its
-        // barrier, then the half is converted in place as below.
-        const int s = st.stage();
         pipe.producer_acquire(st, kLo);
-        tma_raw<0, 4>(stage, &sv.raw_full[s][0], tid, in_page, id[0]);
+        load_direct<0, 4>(stage, src, pipe, st, tid);
         pipe.producer_acquire(st, kHi);
-        tma_raw<4, 9>(stage, &sv.raw_full[s][1], tid, in_page, id[0]);
+        load_direct<4, 9>(stage, src, pipe, st, tid);
         prefetch_next(more, kt + 64, r.kv_end, tid, id_next, row_bytes);
-        const std::uint32_t par = (raw_phase >> s) & 1u;
-        raw_phase ^= 1u << s;
-        arch::mbar_wait(&sv.raw_full[s][0], par);
-        convert_fp8<0, 4>(stage, pipe, st, tid);
-        arch::mbar_wait(&sv.raw_full[s][1], par);
-        convert_fp8<4, 9>(stage, pipe, st, tid);
       } else if (m.kv_bytes == 1) {
         // Both halves' raw bytes in flight before the first conversion.
         pipe.producer_acquire(st, kLo);
@@ -259,36 +227,6 @@ struct WsMainloop {
 #pragma unroll
       for (int k = 0; k < 4; ++k) id[k] = id_next[k];
     }
-  }
-
-  // 16-bit KV by TMA, chunks [C0, C1): thread 0 arrives on each chunk's barrier expecting its
-  // 8 KB and issues the copy (the tensor map's 128-byte swizzle is the tile's layout); the
-  // other producer threads arrive.
-  template <int C0, int C1>
-  __device__ void tma_chunks(unsigned char* stage, const Pipeline& pipe, const State& st, int tid,
-                             int in_page, int page) const {
-#pragma unroll 1
-    for (int c = C0; c < C1; ++c) {
-      if (tid == 0) {
-        pipe.producer_expect_tx(st, c, kChunkBytes);
-        arch::tma_load_3d(stage + c * kChunkBytes, kv_map, 64 * c, in_page, page,
-                          pipe.full_barrier(st, c));
-      } else {
-        pipe.producer_commit(st, c);
-      }
-    }
-  }
-  // fp8 KV by TMA, chunks [C0, C1): the raw bytes of the half, [chunk][token][64 B] (the
-  // layout copy_raw writes), completed on `bar`.
-  template <int C0, int C1>
-  __device__ void tma_raw(unsigned char* stage, std::uint64_t* bar, int tid, int in_page,
-                          int page) const {
-    if (tid != 0) return;
-    arch::mbar_arrive_expect_tx(bar, (C1 - C0) * 4096);
-    unsigned char* raw = stage + kRawBase<C0, C1>;
-#pragma unroll
-    for (int c = C0; c < C1; ++c)
-      arch::tma_load_3d(raw + (c - C0) * 4096, kv_map, 64 * c, in_page, page, bar);
   }
 
   // The next tile's rows into L2 (one thread per token), so that its copies, which wait for a
@@ -774,8 +712,7 @@ struct WsMainloop {
 // The kernel of the warp-specialized mainloop: same grid, plan and workspace as
 // decode_kernel<Tr>; 384 threads, one CTA per SM.
 template <class Tr>
-__global__ void __launch_bounds__(384, 1)
-    decode_kernel_ws(const KernelArgs p, const __grid_constant__ CUtensorMap kv_map, int kv_tma) {
+__global__ void __launch_bounds__(384, 1) decode_kernel_ws(const KernelArgs p) {
 #if defined(MLAKIT_WGMMA_ENABLED)
   extern __shared__ __align__(1024) unsigned char smem[];
   __shared__ WsStaticStorage sv;
@@ -805,12 +742,10 @@ __global__ void __launch_bounds__(384, 1)
     // stage 1 tile B.
     constexpr int kReleasers[2][2] = {{128, 256}, {256, 128}};
     ML::Pipeline::init(sv.bars, kReleasers);
-    for (int i = 0; i < 2; ++i)
-      for (int h = 0; h < 2; ++h) arch::mbar_init(&sv.raw_full[i][h], 1);
     arch::mbar_init_fence();
   }
   __syncthreads();
-  ML ml{dm, ss, sv, &kv_map, kv_tma != 0};
+  ML ml{dm, ss, sv};
   typename ML::State st;
   if (threadIdx.x >= ML::kConsumerThreads) {
     arch::setmaxnreg_dec<ML::kProducerRegs>();
@@ -829,7 +764,7 @@ __global__ void __launch_bounds__(384, 1)
     }
   }
 #else
-  (void)p, (void)kv_map, (void)kv_tma;
+  (void)p;
 #endif
 }
 
