@@ -57,6 +57,29 @@ TEST_CASE("pipeline: lengths ending in every stage of the ring", "[gpu][pipeline
     }
 }
 
+// Page sizes of 64 and 128 tokens (a tile inside one page, the page's NaN-poisoned tail
+// after the last tile): every ring length, both page-id formats, KV of the Q type and both
+// fp8 formats, splits on and off.
+TEST_CASE("pipeline: page sizes 64 and 128, every ring length", "[gpu][pipeline]") {
+  MLAKIT_REQUIRE_GPU();
+  int seed = 9300;
+  for (int page_size : {64, 128})
+    for (int q_len : {4, 8})
+      for (DType kv : {DType::fp8_e4m3fn, DType::bf16, DType::fp8_e4m3fnuz}) {
+        Case c;
+        c.q_type = DType::bf16;
+        c.kv_type = kv;
+        c.heads = 16;
+        c.q_len = q_len;
+        c.page_size = page_size;
+        c.ids = (seed & 1) ? PageIds::csr : PageIds::block_table;
+        c.split = (seed & 2) ? SplitMode::automatic : SplitMode::none;
+        c.kv_lens = kRingLengths;
+        c.seed = seed++;
+        check_pipeline_case(c);
+      }
+}
+
 TEST_CASE("pipeline: one-tile pieces from fixed splits, other KV types", "[gpu][pipeline]") {
   MLAKIT_REQUIRE_GPU();
   int seed = 9100;
