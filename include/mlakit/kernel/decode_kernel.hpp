@@ -96,9 +96,7 @@ struct DecodeTraits {
   static constexpr int kOffRaw = kOffKv + kKvBytes;
   static constexpr int kOffP = kOffRaw + kRawBytes;
   static constexpr int kOffRed = kOffP + kPBytes;
-  static constexpr int kSyncSmemBytes = kOffRed + kRedBytes + kScaleBytes;  // mma.sync layout
-
-  static constexpr int kSmemBytes = kSyncSmemBytes;
+  static constexpr int kSmemBytes = kOffRed + kRedBytes + kScaleBytes;
   // A `warpgroup_ws` policy has its own kernel (decode_ws_sm90.hpp) for sm_90a; this kernel
   // is then only its fallback on other targets.
   static constexpr bool kWarpgroupPolicy = kPolicy.mainloop == arch::Mainloop::warpgroup_ws;
@@ -169,16 +167,27 @@ struct DecodeMainloop {
   __device__ float* sMax() const { return reinterpret_cast<float*>(smem + Tr::kOffRed); }
   __device__ float* sSum() const { return sMax() + Tr::kColGroups * Tr::kRows; }
 
+  // The page mapping of request b: page_table()[i] is the page of tokens [i P, (i + 1) P)
+  // (its block-table row or its CSR segment).
+  __device__ const std::int32_t* page_table() const {
+    const DecodeArgs& a = p.a;
+    return a.page_ids == PageIds::block_table ? a.block_table + b * a.block_table_stride
+                                              : a.kv_indices + a.kv_indptr[b];
+  }
+  // Byte address of row `in_page` of page `page`.
+  __device__ const unsigned char* page_row(std::int64_t page, int in_page) const {
+    const DecodeArgs& a = p.a;
+    return static_cast<const unsigned char*>(a.kv) +
+           (page * a.kv_stride_page + std::int64_t(in_page) * a.kv_stride_token) * kv_bytes;
+  }
   // Byte address of KV token j of request b (j < the request's clamped length).
   __device__ const unsigned char* kv_row(int j) const {
     const DecodeArgs& a = p.a;
     const int page_idx = j / a.page_size;
-    const int in_page = j - page_idx * a.page_size;
     const std::int64_t page = a.page_ids == PageIds::block_table
                                   ? a.block_table[b * a.block_table_stride + page_idx]
                                   : a.kv_indices[a.kv_indptr[b] + page_idx];
-    return static_cast<const unsigned char*>(a.kv) +
-           (page * a.kv_stride_page + std::int64_t(in_page) * a.kv_stride_token) * kv_bytes;
+    return page_row(page, j - page_idx * a.page_size);
   }
 
   // e4m3 operand mode: Q rows -> f16 times 2^e (e per row puts the row's largest |q| in

@@ -136,12 +136,6 @@ struct WsMainloop {
   __device__ int token_of(int tid, int k) const {
     return raw_fp8() ? tid / 4 + 32 * k : tid / 8 + 16 * k;
   }
-  // The page ids of request m.b (block-table row or CSR segment).
-  __device__ const std::int32_t* page_table() const {
-    const DecodeArgs& a = m.p.a;
-    return a.page_ids == PageIds::block_table ? a.block_table + m.b * a.block_table_stride
-                                              : a.kv_indices + a.kv_indptr[m.b];
-  }
   // Issues the loads of the page ids of this thread's tokens of the tile at kt (tokens past
   // the piece read the page of its last token, which exists; their copies zero-fill).
   __device__ void fetch_pages(const std::int32_t* table, int kt, int last, int tid,
@@ -156,11 +150,7 @@ struct WsMainloop {
     }
   }
   __device__ const unsigned char* row_ptr(int page, int j) const {
-    const DecodeArgs& a = m.p.a;
-    const int in_page = j % a.page_size;
-    return static_cast<const unsigned char*>(a.kv) +
-           (std::int64_t(page) * a.kv_stride_page + std::int64_t(in_page) * a.kv_stride_token) *
-               m.kv_bytes;
+    return m.page_row(page, j % m.p.a.page_size);
   }
   // Row addresses of this thread's tokens of the tile at kt; nullptr past the piece.
   __device__ void rows_of(int kt, int kv_end, int tid, const int (&id)[4],
@@ -179,7 +169,7 @@ struct WsMainloop {
     const Pipeline pipe{sv.bars};
     const int tid = static_cast<int>(threadIdx.x) - kConsumerThreads;  // 0..127
     const int row_bytes = kHeadDimQK * m.kv_bytes;
-    const std::int32_t* table = page_table();
+    const std::int32_t* table = m.page_table();
     const int last = r.kv_end - 1;
     int id[4] = {0, 0, 0, 0}, id_next[4] = {0, 0, 0, 0};
     fetch_pages(table, r.kv_begin, last, tid, id);
