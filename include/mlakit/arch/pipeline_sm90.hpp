@@ -4,9 +4,9 @@
 //     (producer_acquire / producer_commit / consumer_wait / consumer_release),
 //   - named barriers with an enum of the barrier ids the mainloop uses,
 //   - setmaxnreg (register hand-over from producer to consumer warpgroups),
-//   - the async-proxy fence, cp.async group waits and an L2 bulk prefetch.
+//   - the async-proxy fence, cp.async and 16-byte shared-memory accesses at shared addresses.
 // PTX semantics follow the PTX ISA sections on mbarrier, bar.sync / bar.arrive, setmaxnreg,
-// fence.proxy.async and cp.async.bulk.prefetch. Only sm_90a device code emits instructions;
+// fence.proxy.async and cp.async. Only sm_90a device code emits instructions;
 // elsewhere the functions compile to nothing (the host never launches that kernel there).
 #include <cstdint>
 
@@ -161,13 +161,28 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 #endif
 }
 
-// Asks L2 to fetch [p, p + bytes) (bytes a multiple of 16, p 16-byte aligned).
-__device__ __forceinline__ void prefetch_l2(const void* p, int bytes) {
-#if defined(MLAKIT_WGMMA_ENABLED)
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-#else
-  (void)p, (void)bytes;
-#endif
+// 16-byte cp.async from a shared address: `src_bytes` 16 copies, 0 writes zeros and reads
+// nothing. Taking the shared address as an integer lets callers add constant offsets.
+__device__ __forceinline__ void cp_async16(std::uint32_t dst, const void* src,
+                                           std::uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+
+// 16-byte shared-memory load and store at a shared address.
+__device__ __forceinline__ uint4 lds128(std::uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ void sts128(std::uint32_t addr, const uint4& v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
 }
 
 }  // namespace mlakit::arch

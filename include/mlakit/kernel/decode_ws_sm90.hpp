@@ -5,7 +5,7 @@
 // 384 threads = three warpgroups:
 //   warpgroup 2, producer (40 registers): fetches KV tiles of 64 tokens into a ring of two
 //     stages [64 x 576] in the compute type (128-byte swizzle), one 64-column chunk at a time,
-//     each chunk signalled by its own mbarrier; L2 prefetch of the next tile. A stage is
+//     each chunk signalled by its own mbarrier. A stage is
 //     refilled in two halves, released separately: "lo" = chunks 0-3 (V columns 0..255) and
 //     "hi" = chunks 4-8, so the half a warpgroup has finished with reloads while the other
 //     half is still read. 16-bit KV of the compute type: cp.async straight into the stage.
@@ -168,7 +168,6 @@ struct WsMainloop {
     if (n_tiles == 0) return;
     const Pipeline pipe{sv.bars};
     const int tid = static_cast<int>(threadIdx.x) - kConsumerThreads;  // 0..127
-    const int row_bytes = kHeadDimQK * m.kv_bytes;
     const std::int32_t* table = m.page_table();
     const int last = r.kv_end - 1;
     int id[4] = {0, 0, 0, 0}, id_next[4] = {0, 0, 0, 0};
@@ -189,26 +188,23 @@ struct WsMainloop {
       } else
 #endif
       if constexpr (Tr::kDirect) {
+        const ThreadRows d = thread_rows(src, tid);
         pipe.producer_acquire(st, kLo);
-        load_direct<0, 4>(stage, src, pipe, st, tid);
+        load_direct<0, 4>(stage, d, pipe, st, tid);
         pipe.producer_acquire(st, kHi);
-        load_direct<4, 9>(stage, src, pipe, st, tid);
-        prefetch_next(more, kt + 64, r.kv_end, tid, id_next, row_bytes);
+        load_direct<4, 9>(stage, d, pipe, st, tid);
       } else if (m.kv_bytes == 1) {
         // Both halves' raw bytes in flight before the first conversion.
+        const ThreadRows d = thread_rows(src, tid);
         pipe.producer_acquire(st, kLo);
-        copy_raw<0, 4>(stage, src, tid);
+        copy_raw<0, 4>(stage, d, tid);
         pipe.producer_acquire(st, kHi);
-        copy_raw<4, 9>(stage, src, tid);
-        prefetch_next(more, kt + 64, r.kv_end, tid, id_next, row_bytes);
+        copy_raw<4, 9>(stage, d, tid);
         Copy::template wait<1>();
-        arch::named_sync(arch::NamedBarrier::producer, kProducerThreads);
         convert_fp8<0, 4>(stage, pipe, st, tid);
         Copy::template wait<0>();
-        arch::named_sync(arch::NamedBarrier::producer, kProducerThreads);
         convert_fp8<4, 9>(stage, pipe, st, tid);
       } else {
-        prefetch_next(more, kt + 64, r.kv_end, tid, id_next, row_bytes);
         pipe.producer_acquire(st, kLo);
         load_convert16<0, 4>(stage, src, pipe, st, tid);
         pipe.producer_acquire(st, kHi);
@@ -219,98 +215,161 @@ struct WsMainloop {
     }
   }
 
-  // The next tile's rows into L2 (one thread per token), so that its copies, which wait for a
-  // stage release, find them there.
-  __device__ void prefetch_next(bool more, int kt, int kv_end, int tid, const int (&id)[4],
-                                int row_bytes) const {
-    if (!more || tid % (raw_fp8() ? 4 : 8) != 0) return;
-    const int n = tokens_per_thread();
+  // A thread's source addresses for the tile: its 16-byte column of each of its tokens (a
+  // valid address also past the piece, where the copies read nothing and zero-fill).
+  struct ThreadRows {
+    const unsigned char* src[4];
+    std::uint32_t bytes[4];  // 16, or 0 past the piece
+  };
+  __device__ ThreadRows thread_rows(const unsigned char* const (&src)[4], int tid) const {
+    const int col = (tid % (raw_fp8() ? 4 : 8)) * 16;
+    ThreadRows d;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const int j = kt + token_of(tid, k);
-      if (k < n && j < kv_end) arch::prefetch_l2(row_ptr(id[k], j), row_bytes);
+      const bool valid = src[k] != nullptr;
+      d.src[k] = (valid ? src[k] : static_cast<const unsigned char*>(m.p.a.kv)) + col;
+      d.bytes[k] = valid ? 16u : 0u;
     }
+    return d;
   }
 
   // KV of the compute type, chunks [C0, C1): 8 threads per token (128 contiguous bytes per
-  // copy instruction), 16 tokens per pass; each chunk's barrier is arrived on by the copy unit
-  // once the chunk (and every earlier copy of this thread) has landed.
+  // copy instruction), 16 tokens per pass. A thread's tokens are r0 + 16 k, which share r0 & 7,
+  // so its swizzled column is the same in every chunk and pass: each copy is one instruction
+  // with constant offsets from two base addresses (the producer's instruction rate, not the
+  // memory system, limited the ring when every copy recomputed its addresses). Each chunk's
+  // barrier is arrived on by the copy unit once the chunk (and every earlier copy of this
+  // thread) has landed.
   template <int C0, int C1>
-  __device__ void load_direct(unsigned char* stage, const unsigned char* const (&src)[4],
-                              const Pipeline& pipe, const State& st, int tid) const {
-#pragma unroll 1
-    for (int c = C0; c < C1; ++c) {
-      const int unit = 8 * c + tid % 8;
+  __device__ void load_direct(unsigned char* stage, const ThreadRows& d, const Pipeline& pipe,
+                              const State& st, int tid) const {
+    const int sub = tid % 8, r0 = tid / 8;
+    const std::uint32_t dst = smem_u32(stage) + r0 * 128 + ((sub ^ (r0 & 7)) << 4);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int tok = tid / 8 + 16 * k;
-        const unsigned char* s =
-            src[k] != nullptr ? src[k] + unit * 16 : static_cast<const unsigned char*>(m.p.a.kv);
-        Copy::copy16(stage + Tile::unit_offset(tok, unit), s, src[k] != nullptr);
-      }
+    for (int c = C0; c < C1; ++c) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        arch::cp_async16(dst + c * kChunkBytes + k * 2048, d.src[k] + c * 128, d.bytes[k]);
       pipe.producer_commit_cp_async(st, c);
     }
   }
 
   // fp8 KV, chunks [C0, C1): the raw bytes go to the top of the half's converted region
   // (4 threads per token, 64 contiguous bytes per copy instruction), laid out as
-  // [chunk][token][64 B]; then, chunk by chunk, every thread reads its 32 raw bytes, the
-  // warpgroup synchronises (a converted chunk may overlap its own raw input), and the 16-bit
-  // values go to the swizzled tile. Converted chunk c covers bytes [8 KB c, 8 KB (c + 1)) and
-  // overwrites only raw chunks already read.
+  // [chunk][token][64 B]; thread tid copies the 16 bytes at tid * 16 + 2048 pass of each raw
+  // chunk, and later converts exactly those bytes.
   template <int C0, int C1>
-  __device__ void copy_raw(unsigned char* stage, const unsigned char* const (&src)[4],
-                           int tid) const {
-    unsigned char* raw = stage + kRawBase<C0, C1>;
-    const int sub = tid % 4;
+  __device__ void copy_raw(unsigned char* stage, const ThreadRows& d, int tid) const {
+    const std::uint32_t raw = smem_u32(stage) + kRawBase<C0, C1> + tid * 16;
 #pragma unroll
     for (int pass = 0; pass < 2; ++pass) {
-      const int tok = tid / 4 + 32 * pass;
-      const bool valid = src[pass] != nullptr;
-      const unsigned char* s = valid ? src[pass] : static_cast<const unsigned char*>(m.p.a.kv);
 #pragma unroll
       for (int c = C0; c < C1; ++c)
-        Copy::copy16(raw + (c - C0) * 4096 + tok * 64 + sub * 16,
-                     s + (valid ? (4 * c + sub) * 16 : 0), valid);
+        arch::cp_async16(raw + (c - C0) * 4096 + pass * 2048, d.src[pass] + c * 64,
+                         d.bytes[pass]);
     }
     Copy::commit();
   }
-  // The caller waited for this half's raw copies and synchronised the producer warpgroup.
+
+  // In-place conversion of raw chunk c (its 16-bit values cover bytes [8 KB c, 8 KB (c + 1))
+  // of the stage). Every thread converts the raw bytes it copied, so it may read them as soon
+  // as its own copies landed; only writes that overlap raw bytes of other threads need the
+  // warpgroup barrier. Raw chunk c sits at kRawBase + 4 KB (c - C0):
+  //   lo half (chunks 0-3, raw at [16, 32) KB): 0, 1 overlap no raw; 2 overlaps raw 0, 1;
+  //     3 overlaps raw 2, 3.  -> read 0, write 0, read 1, write 1, read 2 and 3, sync, write 2, 3
+  //   hi half (chunks 4-8, raw at [52, 72) KB): 4, 5 overlap no raw; 6 overlaps raw 4; 7 raw 5,
+  //     6; 8 raw 7, 8.  -> 4, 5 as above, read 6 and 7, sync, write 6, 7, read 8, sync, write 8
+  // A write after a barrier may overlap only raw chunks every thread read before it. Neither
+  // half's writes overlap the other half's raw bytes, which are in flight meanwhile.
+  struct RawChunk {
+    uint4 in[2];
+  };
+  template <int C0, int C1, int C>
+  __device__ RawChunk read_raw(std::uint32_t raw) const {
+    RawChunk r;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) r.in[h] = arch::lds128(raw + (C - C0) * 4096 + h * 2048);
+    return r;
+  }
+  template <int C>
+  __device__ void write_converted(const RawChunk& r, std::uint32_t out_lo, std::uint32_t out_hi,
+                                  const Pipeline& pipe, const State& st) const {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint4 lo, hi;
+      if constexpr (Tr::kFp8Operands) {  // e4m3fn -> f16 through the hardware converter
+        const std::uint32_t w[4] = {r.in[h].x, r.in[h].y, r.in[h].z, r.in[h].w};
+        std::uint32_t o[8];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          o[2 * k] = arch::MmaAtom<T>::e4m3x2_to_f16x2(w[k] & 0xFFFFu);
+          o[2 * k + 1] = arch::MmaAtom<T>::e4m3x2_to_f16x2(w[k] >> 16);
+        }
+        lo = uint4{o[0], o[1], o[2], o[3]};
+        hi = uint4{o[4], o[5], o[6], o[7]};
+      } else {
+        arch::convert_fp8x16<T>(m.kv, r.in[h], lo, hi);
+      }
+      arch::sts128(out_lo + C * kChunkBytes + h * 4096, lo);
+      arch::sts128(out_hi + C * kChunkBytes + h * 4096, hi);
+    }
+    arch::fence_proxy_async_smem();
+    pipe.producer_commit(st, C);
+  }
+  // The caller waited for this thread's raw copies of the half.
   template <int C0, int C1>
   __device__ void convert_fp8(unsigned char* stage, const Pipeline& pipe, const State& st,
                               int tid) const {
-    const unsigned char* raw = stage + kRawBase<C0, C1>;
-#pragma unroll 1
-    for (int c = C0; c < C1; ++c) {
-      uint4 in[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        in[h] = *reinterpret_cast<const uint4*>(raw + (c - C0) * 4096 + (tid + 128 * h) * 16);
-      arch::named_sync(arch::NamedBarrier::producer, kProducerThreads);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int idx = tid + 128 * h, tok = idx / 4, q = idx % 4;
-        uint4 lo, hi;
-        if constexpr (Tr::kFp8Operands) {  // e4m3fn -> f16 through the hardware converter
-          const std::uint32_t w[4] = {in[h].x, in[h].y, in[h].z, in[h].w};
-          std::uint32_t o[8];
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            o[2 * k] = arch::MmaAtom<T>::e4m3x2_to_f16x2(w[k] & 0xFFFFu);
-            o[2 * k + 1] = arch::MmaAtom<T>::e4m3x2_to_f16x2(w[k] >> 16);
-          }
-          lo = uint4{o[0], o[1], o[2], o[3]};
-          hi = uint4{o[4], o[5], o[6], o[7]};
-        } else {
-          arch::convert_fp8x16<T>(m.kv, in[h], lo, hi);
-        }
-        *reinterpret_cast<uint4*>(stage + Tile::unit_offset(tok, 8 * c + 2 * q)) = lo;
-        *reinterpret_cast<uint4*>(stage + Tile::unit_offset(tok, 8 * c + 2 * q + 1)) = hi;
+    const std::uint32_t base = smem_u32(stage);
+    const std::uint32_t raw = base + kRawBase<C0, C1> + tid * 16;
+    // This thread's tokens are tid / 4 + 32 h, its 16 values units 2 q and 2 q + 1 of a chunk.
+    const int tok = tid / 4, q = tid % 4;
+    const std::uint32_t out_lo = base + tok * 128 + (((2 * q) ^ (tok & 7)) << 4);
+    const std::uint32_t out_hi = base + tok * 128 + (((2 * q + 1) ^ (tok & 7)) << 4);
+    const auto sync = [] { arch::named_sync(arch::NamedBarrier::producer, kProducerThreads); };
+    // The hardware e4m3fn path reads two chunks before a barrier; the others (software
+    // decode, more registers) one, with one barrier more per half.
+    constexpr bool kTwo = Tr::kFp8Operands;
+    if constexpr (C0 == 0 && C1 == 4) {
+      write_converted<0>(read_raw<C0, C1, 0>(raw), out_lo, out_hi, pipe, st);
+      write_converted<1>(read_raw<C0, C1, 1>(raw), out_lo, out_hi, pipe, st);
+      if constexpr (kTwo) {
+        const RawChunk r2 = read_raw<C0, C1, 2>(raw), r3 = read_raw<C0, C1, 3>(raw);
+        sync();
+        write_converted<2>(r2, out_lo, out_hi, pipe, st);
+        write_converted<3>(r3, out_lo, out_hi, pipe, st);
+      } else {
+        const RawChunk r2 = read_raw<C0, C1, 2>(raw);
+        sync();
+        write_converted<2>(r2, out_lo, out_hi, pipe, st);
+        const RawChunk r3 = read_raw<C0, C1, 3>(raw);
+        sync();
+        write_converted<3>(r3, out_lo, out_hi, pipe, st);
       }
-      arch::fence_proxy_async_smem();
-      pipe.producer_commit(st, c);
+    } else {
+      static_assert(C0 == 4 && C1 == 9, "the two halves of a tile");
+      write_converted<4>(read_raw<C0, C1, 4>(raw), out_lo, out_hi, pipe, st);
+      write_converted<5>(read_raw<C0, C1, 5>(raw), out_lo, out_hi, pipe, st);
+      if constexpr (kTwo) {
+        const RawChunk r6 = read_raw<C0, C1, 6>(raw), r7 = read_raw<C0, C1, 7>(raw);
+        sync();
+        write_converted<6>(r6, out_lo, out_hi, pipe, st);
+        write_converted<7>(r7, out_lo, out_hi, pipe, st);
+      } else {
+        const RawChunk r6 = read_raw<C0, C1, 6>(raw);
+        sync();
+        write_converted<6>(r6, out_lo, out_hi, pipe, st);
+        const RawChunk r7 = read_raw<C0, C1, 7>(raw);
+        sync();
+        write_converted<7>(r7, out_lo, out_hi, pipe, st);
+      }
+      const RawChunk r8 = read_raw<C0, C1, 8>(raw);
+      sync();
+      write_converted<8>(r8, out_lo, out_hi, pipe, st);
     }
   }
+  static_assert(kRawBase<0, 4> == 16384 && kRawBase<4, 9> == 53248,
+                "the conversion order above assumes these raw offsets");
 
   // 16-bit KV of the other type, chunks [C0, C1): load, convert, store, chunk by chunk.
   template <int C0, int C1>
