@@ -146,7 +146,7 @@ __device__ __forceinline__ void named_arrive(NamedBarrier id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(static_cast<int>(id)), "r"(threads) : "memory");
 }
 
-// ---- registers, copies, prefetch ------------------------------------------------------------
+// ---- registers, copies, shared-memory accesses -----------------------------------------------
 
 template <int Regs>
 __device__ __forceinline__ void setmaxnreg_inc() {
