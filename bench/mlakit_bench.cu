@@ -258,7 +258,7 @@ void run_shape(benchmark::State& st, Shape s) {
   st.counters["TFLOPs"] = flops / sec / 1e12;
   st.counters["pct_bw"] = 100.0 * bytes / sec / 1e12 / g_copy_tbps;
   st.counters["pct_mma"] = 100.0 * flops / sec / 1e12 / g_mma_tflops;
-  const PlanShape plan = detail::plan_shape(a, detail::policy_rows(a), dev);
+  const PlanShape plan = detail::plan_shape(a, detail::policy_rows(a, dev), dev);
   st.counters["ctas"] = double(plan.row_tiles) * plan.num_ctas;
   st.counters["partials"] = header[2];
   st.counters["copy_TBps"] = g_copy_tbps;

@@ -5,6 +5,7 @@
 // validate() never dereferences a pointer, so dummy aligned host buffers stand in for device
 // memory.
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -398,6 +399,47 @@ TEST_CASE("no backend: decode() and supported() return not_supported for valid a
   CHECK(query_device(nullptr).code() == StatusCode::invalid_argument);
 }
 
+TEST_CASE("policy choice: rows, KV type and device", "[validate]") {
+  using arch::kNumPolicies;
+  using arch::kPolicies;
+  using arch::policy_index_for;
+  for (int rows = 1; rows <= 4096; ++rows) {
+    for (bool direct : {false, true}) {
+      for (int device_arch : {80, 90, 942}) {
+        const int by_rows = arch::policy_index_for_rows(rows);
+        const int i = policy_index_for(rows, direct, device_arch);
+        INFO("rows " << rows << " direct " << direct << " arch " << device_arch);
+        REQUIRE(i >= 0);
+        REQUIRE(i < kNumPolicies);
+        CHECK(kPolicies[i].rows >= std::min(rows, kPolicies[kNumPolicies - 1].rows));
+        const bool promoted = direct && device_arch == 90 && kPolicies[by_rows].rows == 32 &&
+                              kPolicies[kNumPolicies - 1].mainloop == arch::Mainloop::warpgroup_ws;
+        CHECK(i == (promoted ? kNumPolicies - 1 : by_rows));
+      }
+    }
+  }
+  // decode() and workspace_bytes() agree: KV of the Q type on the H100-like device, 32 rows.
+  DecodeArgs a = valid_args();
+  a.num_heads = 16;
+  a.q_len = 2;
+  a.kv_type = a.q_type;
+  const bool ws_tile = kPolicies[kNumPolicies - 1].mainloop == arch::Mainloop::warpgroup_ws;
+  CHECK(detail::policy_rows(a, kH100) == (ws_tile ? 64 : 32));
+  CHECK(detail::policy_rows(a, kMI300) == arch::kPolicies[arch::policy_index_for_rows(32)].rows);
+  // The workspace is sized for the larger tile whatever the KV type, and fits the launch of
+  // either.
+  DecodeArgs f = a;
+  f.kv_type = DType::fp8_e4m3fn;
+  CHECK(detail::policy_rows(f, kH100) == 32);
+  CHECK(workspace_bytes(f, kH100) == workspace_bytes(a, kH100));
+  for (const DecodeArgs& x : {a, f}) {
+    const int rpc = detail::policy_rows(x, kH100);
+    const PlanShape sh = detail::plan_shape(x, rpc, kH100);
+    CHECK(std::size_t(detail::workspace_layout(sh, sh.row_tiles * rpc).bytes) <=
+          workspace_bytes(x, kH100));
+  }
+}
+
 TEST_CASE("workspace_bytes depends on batch, heads, q_len, split mode and device only",
           "[validate]") {
   std::mt19937 rng(20240611);
@@ -439,7 +481,7 @@ TEST_CASE("workspace_bytes depends on batch, heads, q_len, split mode and device
           CHECK(ws >= std::size_t(a.batch) * a.num_splits * per_slot);
         // Automatic mode: whatever the lengths, the plan fits the partial slots reserved.
         if (m == SplitMode::automatic) {
-          const PlanShape s = detail::plan_shape(a, detail::policy_rows(a), dev);
+          const PlanShape s = detail::plan_shape(a, detail::policy_rows(a, dev), dev);
           std::vector<int> clamped(lens.begin(), lens.end());
           clamped[rng() % clamped.size()] = 150000;  // one long request among the rest
           const HostPlan h = plan_on_host(s, clamped.data());

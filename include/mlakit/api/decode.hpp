@@ -33,8 +33,18 @@ inline PlanShape plan_shape(const DecodeArgs& a, int rows_per_cta, const DeviceI
   return s;
 }
 
-inline int policy_rows(const DecodeArgs& a) {
-  return arch::kPolicies[arch::policy_index_for_rows(a.rows())].rows;
+// The policy decode() launches for `a` on `dev`.
+inline int policy_index(const DecodeArgs& a, const DeviceInfo& dev) {
+  return arch::policy_index_for(a.rows(), a.kv_type == a.q_type, dev.arch);
+}
+inline int policy_rows(const DecodeArgs& a, const DeviceInfo& dev) {
+  return arch::kPolicies[policy_index(a, dev)].rows;
+}
+// The row tile the workspace is sized for: the larger of the tiles the KV types may use, so
+// that the size does not depend on the dtypes (one tile for these rows and the tile with KV
+// of the Q type are the only candidates, and the latter is never the smaller).
+inline int workspace_policy_rows(const DecodeArgs& a, const DeviceInfo& dev) {
+  return arch::kPolicies[arch::policy_index_for(a.rows(), true, dev.arch)].rows;
 }
 
 }  // namespace detail
@@ -49,7 +59,7 @@ inline Status workspace_bytes(const DecodeArgs& a, const DeviceInfo& dev, std::s
   *bytes = 0;
   Status s = validate_shape(a);
   if (!s || a.batch == 0) return s;
-  const int rows_per_cta = detail::policy_rows(a);
+  const int rows_per_cta = detail::workspace_policy_rows(a, dev);
   const PlanShape shape = detail::plan_shape(a, rows_per_cta, dev);
   *bytes = static_cast<std::size_t>(
       detail::workspace_layout(shape, shape.row_tiles * rows_per_cta).bytes);
@@ -204,7 +214,7 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
 template <class Problem, int... I>
 inline Status launch_by_rows(const DecodeArgs& a, const DeviceInfo& dev, void* ws,
                              std::size_t bytes, Stream stream, std::integer_sequence<int, I...>) {
-  const int idx = arch::policy_index_for_rows(a.rows());
+  const int idx = policy_index(a, dev);
   Status s(StatusCode::not_supported, "no policy");
   (void)((idx == I ? (s = launch_instance<Problem, I>(a, dev, ws, bytes, stream), true) : false) ||
          ...);
@@ -268,6 +278,12 @@ struct Decode {
     if (!s) return s;
     if constexpr (Problem::kRows > 0) {
       constexpr int idx = arch::policy_index_for_rows(Problem::kRows);
+      constexpr int ws_idx = arch::policy_index_for(Problem::kRows, Problem::kDirectKv, 90);
+      if constexpr (ws_idx != idx) {  // the choice depends on the device (policy_index_for)
+        if (detail::policy_index(a, dev) == ws_idx)
+          return detail::launch_instance<Problem, ws_idx>(a, dev, workspace, workspace_size,
+                                                          stream);
+      }
       return detail::launch_instance<Problem, idx>(a, dev, workspace, workspace_size, stream);
     } else {
       return detail::launch_by_rows<Problem>(a, dev, workspace, workspace_size, stream,

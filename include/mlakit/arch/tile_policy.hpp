@@ -58,4 +58,20 @@ constexpr int policy_index_for_rows(int rows) {
   return kNumPolicies - 1;
 }
 
+// The policy decode() runs for `rows` rows on a device of architecture `arch` (DeviceInfo::arch)
+// when KV is (direct_kv) or is not of the Q type. On sm_90, 17..32 rows with such KV take the
+// warp-specialized 64-row tile (half its rows padding): it moves KV that needs no conversion
+// faster than the 32-row mma.sync tile (H200, bf16, 16 heads x q_len 2, batch 128, kv 8192:
+// 478 -> 372 us at page 64, 556 -> 394 at page 1; docs/performance.md). fp8 and other
+// converted KV keep the 32-row tile, which is faster for them (q_len 2 fp8 413 us there, the
+// 64-row tile 479 us at q_len 4). The launch uses this function; workspace_bytes() sizes for
+// the 64-row tile whatever the dtypes.
+constexpr int policy_index_for(int rows, bool direct_kv, int arch) {
+  const int i = policy_index_for_rows(rows);
+  if (direct_kv && arch == 90 && kPolicies[i].rows == 32 &&
+      kPolicies[kNumPolicies - 1].mainloop == Mainloop::warpgroup_ws)
+    return kNumPolicies - 1;
+  return i;
+}
+
 }  // namespace mlakit::arch
