@@ -2,8 +2,9 @@
 // middle and the last stage of the ring (and one tile before or after a wrap of it), a piece
 // of a single tile or of one odd tile (the warp-specialized mainloop pads it to a pair),
 // splits that give every CTA one tile, kv_len 0 and 1, and page size 1 with the harness's
-// shuffled CSR page ids. Every row policy (16, 32 and 64 rows at 16 heads) and both the
-// direct 16-bit path and the fp8 conversion paths.
+// shuffled CSR page ids. Every row policy (16, 32 and 64 rows at 16 heads; on sm_90, 32 rows
+// with KV of the Q type run the 64-row tile, half padding) and both the direct 16-bit path and
+// the fp8 conversion paths.
 #include <catch2/catch.hpp>
 
 #include "gpu_harness.hpp"
