@@ -400,6 +400,12 @@ TEST_CASE("LseMerge: merging split softmaxes equals the unsplit softmax", "[plan
       wsum += w;
       for (int d = 0; d < D; ++d) merged[d] += double(w) * o[i][d];
     }
+    // The two-pass form the combine kernel uses (max of all parts first, then
+    // add_below_max in any fixed order) gives the same LSE.
+    LseMerge two_pass;
+    for (int i : order) two_pass.max_lse = std::max(two_pass.max_lse, lse[i]);
+    for (int i : order) two_pass.add_below_max(lse[i]);
+    CHECK(two_pass.lse() == Approx(merge.lse()).margin(1e-5));
     const Softmax full = direct(s, v, 0, n, D);
     const double lse_err = std::fabs(double(merge.lse()) - full.lse);
     double o_err = 0;
@@ -425,10 +431,13 @@ TEST_CASE("LseMerge: -inf parts are ignored, all -inf gives -inf and zero weight
   CHECK(none.weight(ninf) == 0.0f);
   CHECK(none.weight(0.0f) == 0.0f);
   for (int k = 1; k <= 5; ++k) {
-    LseMerge m;
+    LseMerge m, p;
     for (int i = 0; i < k; ++i) m.add(ninf);
+    for (int i = 0; i < k; ++i) p.add_below_max(ninf);  // max stays -inf: nothing is added
     CHECK(m.lse() == ninf);
     CHECK(m.weight(ninf) == 0.0f);
+    CHECK(p.lse() == ninf);
+    CHECK(p.weight(0.0f) == 0.0f);
   }
   // A single finite part keeps its LSE exactly and gets weight 1, wherever the -inf parts go.
   for (float x : {-87.5f, -3.25f, 0.0f, 1.0f, 12.75f, 5000.0f}) {

@@ -210,7 +210,8 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   return Status::ok();
 }
 
-// Launch of a problem whose row count may be dynamic: the policy is picked by rows.
+// Launch with the policy policy_index() picks, among the candidates I (every policy for a
+// problem whose row count is dynamic; a repeated candidate is instantiated once).
 template <class Problem, int... I>
 inline Status launch_by_rows(const DecodeArgs& a, const DeviceInfo& dev, void* ws,
                              std::size_t bytes, Stream stream, std::integer_sequence<int, I...>) {
@@ -277,14 +278,11 @@ struct Decode {
     const Status s = detail::check_launch_device(dev, workspace, stream);
     if (!s) return s;
     if constexpr (Problem::kRows > 0) {
-      constexpr int idx = arch::policy_index_for_rows(Problem::kRows);
-      constexpr int ws_idx = arch::policy_index_for(Problem::kRows, Problem::kDirectKv, 90);
-      if constexpr (ws_idx != idx) {  // the choice depends on the device (policy_index_for)
-        if (detail::policy_index(a, dev) == ws_idx)
-          return detail::launch_instance<Problem, ws_idx>(a, dev, workspace, workspace_size,
-                                                          stream);
-      }
-      return detail::launch_instance<Problem, idx>(a, dev, workspace, workspace_size, stream);
+      // Only the policies these rows can get (policy_index_for: it depends on the device).
+      constexpr int any_device = arch::policy_index_for_rows(Problem::kRows);
+      constexpr int sm90 = arch::policy_index_for(Problem::kRows, Problem::kDirectKv, 90);
+      return detail::launch_by_rows<Problem>(a, dev, workspace, workspace_size, stream,
+                                             std::integer_sequence<int, any_device, sm90>{});
     } else {
       return detail::launch_by_rows<Problem>(a, dev, workspace, workspace_size, stream,
                                              std::make_integer_sequence<int, arch::kNumPolicies>{});

@@ -16,8 +16,13 @@ struct CopyAtomCpAsync {
   // Copies 16 bytes from `src` to `dst`, or writes 16 zero bytes (reading nothing) when
   // !valid, so that tokens past a request's end never touch memory.
   __device__ static void copy16(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(detail::smem_u32(dst)),
-                 "l"(src), "r"(valid ? 16 : 0));
+    copy16(detail::smem_u32(dst), src, valid ? 16u : 0u);
+  }
+  // The same at a shared-memory address (callers add constant offsets to one base):
+  // `src_bytes` 16 copies, 0 writes zeros and reads nothing.
+  __device__ static void copy16(std::uint32_t dst, const void* src, std::uint32_t src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes));
   }
   __device__ static void commit() { asm volatile("cp.async.commit_group;\n" ::); }
   template <int Pending>

@@ -4,7 +4,8 @@
 //     (producer_acquire / producer_commit / consumer_wait / consumer_release),
 //   - named barriers with an enum of the barrier ids the mainloop uses,
 //   - setmaxnreg (register hand-over from producer to consumer warpgroups),
-//   - the async-proxy fence, cp.async and 16-byte shared-memory accesses at shared addresses.
+//   - the async-proxy fence, cp.async group waits, 16-byte shared-memory accesses at shared
+//     addresses.
 // PTX semantics follow the PTX ISA sections on mbarrier, bar.sync / bar.arrive, setmaxnreg,
 // fence.proxy.async and cp.async. Only sm_90a device code emits instructions;
 // elsewhere the functions compile to nothing (the host never launches that kernel there).
@@ -159,15 +160,6 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 #if defined(MLAKIT_WGMMA_ENABLED)
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Regs));
 #endif
-}
-
-// 16-byte cp.async from a shared address: `src_bytes` 16 copies, 0 writes zeros and reads
-// nothing. Taking the shared address as an integer lets callers add constant offsets.
-__device__ __forceinline__ void cp_async16(std::uint32_t dst, const void* src,
-                                           std::uint32_t src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes)
-               : "memory");
 }
 
 // 16-byte shared-memory load and store at a shared address.

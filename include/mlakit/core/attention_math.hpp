@@ -48,6 +48,11 @@ struct LseMerge {
       sum += __builtin_exp2f((lse - max_lse) * kLog2e);
     }
   }
+  // Adds a part to the sum when max_lse is already the largest LSE of all parts (set first,
+  // e.g. by a parallel max): no rescaling, so parts may be summed in any fixed order.
+  MLAKIT_HOST_DEVICE void add_below_max(float lse) {
+    if (lse != neg_inf()) sum += __builtin_exp2f((lse - max_lse) * kLog2e);
+  }
   // Merged natural-log LSE; -inf when no part saw a key.
   MLAKIT_HOST_DEVICE float lse() const {
     return sum > 0.0f ? max_lse + __builtin_log2f(sum) * kLn2 : neg_inf();

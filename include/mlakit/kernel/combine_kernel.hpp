@@ -61,10 +61,8 @@ __global__ void __launch_bounds__(kCombineThreads)
   merge.max_lse = red[lead];
   for (int k = 1; k < W; ++k) merge.max_lse = fmaxf(merge.max_lse, red[lead + k]);
   block_sync();  // red is reused below
-  for (int i = tid_row; i < n; i += threads_row) {
-    const float l = ws.partial_lse[first + i * stride];
-    if (l != neg_inf()) merge.sum += __builtin_exp2f((l - merge.max_lse) * kLog2e);
-  }
+  for (int i = tid_row; i < n; i += threads_row)
+    merge.add_below_max(ws.partial_lse[first + i * stride]);
   for (int o = kWarpSize / 2; o > 0; o /= 2) merge.sum += shfl_xor(merge.sum, o);
   if (lane == 0) red[warp] = merge.sum;
   block_sync();

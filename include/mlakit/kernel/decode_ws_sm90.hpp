@@ -154,9 +154,6 @@ struct WsMainloop {
       }
     }
   }
-  __device__ const unsigned char* row_ptr(int page, int j) const {
-    return m.page_row(page, j % m.p.a.page_size);
-  }
   // Row addresses of this thread's tokens of the tile at kt; nullptr past the piece.
   __device__ void rows_of(int kt, int kv_end, int tid, const int (&id)[4],
                           const unsigned char* (&src)[4]) const {
@@ -164,7 +161,7 @@ struct WsMainloop {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int j = kt + token_of(tid, k);
-      src[k] = k < n && j < kv_end ? row_ptr(id[k], j) : nullptr;
+      src[k] = k < n && j < kv_end ? m.page_row(id[k], j % m.p.a.page_size) : nullptr;
     }
   }
 
@@ -254,7 +251,7 @@ struct WsMainloop {
     for (int c = C0; c < C1; ++c) {
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        arch::cp_async16(dst + c * kChunkBytes + k * 2048, d.src[k] + c * 128, d.bytes[k]);
+        Copy::copy16(dst + c * kChunkBytes + k * 2048, d.src[k] + c * 128, d.bytes[k]);
       pipe.producer_commit_cp_async(st, c);
     }
   }
@@ -270,7 +267,7 @@ struct WsMainloop {
     for (int pass = 0; pass < 2; ++pass) {
 #pragma unroll
       for (int c = C0; c < C1; ++c)
-        arch::cp_async16(raw + (c - C0) * 4096 + pass * 2048, d.src[pass] + c * 64,
+        Copy::copy16(raw + (c - C0) * 4096 + pass * 2048, d.src[pass] + c * 64,
                          d.bytes[pass]);
     }
     Copy::commit();
