@@ -3,7 +3,9 @@
 // sampled rows against the double-precision reference, then timed calls rotating over KV sets
 // so the cache does not sit in L2; counters give the median time, bytes/s and FLOP/s as
 // counted as docs/design.md ("Work and traffic") says, percent of the measured ceilings, the plan (CTAs, partials) and
-// the time with split-KV off (planner + combine overhead = time - time with splits off).
+// the time with split-KV off (planner + combine overhead = time - time with splits off), and
+// us_graph: the same calls captured in a CUDA graph, as a serving engine replays them (no host
+// launch cost in it).
 // --plans also times fixed splits 2..64 (those whose workspace is at most 1 GiB) and reports
 // the best plan other than the automatic one: us_best_other, best_splits (1 = none) and
 // auto_over_best (automatic time / that time; issue 10 asks for <= 1.03).
@@ -257,6 +259,43 @@ void run_shape(benchmark::State& st, Shape s) {
   none.split_mode = SplitMode::none;
   std::vector<float> t_none;
   for (int i = 0; i < 10; ++i) t_none.push_back(time_call(none, i % sets));
+  // The whole call as a serving engine replays it: K calls (rotating KV sets) captured in one
+  // CUDA graph, median of 10 replays / K. No host launch cost in it, unlike `us`.
+  float graph_ms = 0;
+  {
+    const int K = std::min(sets, 64);
+    cudaStream_t gs;
+    cudaStreamCreateWithFlags(&gs, cudaStreamNonBlocking);
+    cudaGraph_t g = nullptr;
+    cudaGraphExec_t ge = nullptr;
+    bool ok = cudaStreamBeginCapture(gs, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+    for (int k = 0; ok && k < K; ++k) {
+      DecodeArgs x = a;
+      x.kv_indices = d_idx.as<std::int32_t>() + std::size_t(k) * set_pages;
+      ok = bool(decode(x, ws.ptr, ws.bytes, gs));
+    }
+    ok = (cudaStreamEndCapture(gs, &g) == cudaSuccess) && ok;
+    ok = ok && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess;
+    if (ok) {
+      cudaGraphLaunch(ge, gs);
+      cudaGraphLaunch(ge, gs);
+      std::vector<float> tg;
+      for (int i = 0; i < 10; ++i) {
+        cudaEventRecord(e0, gs);
+        cudaGraphLaunch(ge, gs);
+        cudaEventRecord(e1, gs);
+        cudaEventSynchronize(e1);
+        float ms;
+        cudaEventElapsedTime(&ms, e0, e1);
+        tg.push_back(ms / K);
+      }
+      graph_ms = median(tg);
+    }
+    if (ge) cudaGraphExecDestroy(ge);
+    if (g) cudaGraphDestroy(g);
+    cudaStreamDestroy(gs);
+  }
+  st.counters["us_graph"] = graph_ms * 1e3;
   const double sec = median(times) * 1e-3;
   const double tokens = double(s.batch) * s.kv_len;
   const double bytes = tokens * row_bytes + q_elems * 2.0 + o_elems * 2.0;
@@ -267,7 +306,7 @@ void run_shape(benchmark::State& st, Shape s) {
   st.counters["TFLOPs"] = flops / sec / 1e12;
   st.counters["pct_bw"] = 100.0 * bytes / sec / 1e12 / g_copy_tbps;
   st.counters["pct_mma"] = 100.0 * flops / sec / 1e12 / g_mma_tflops;
-  const PlanShape plan = detail::plan_shape(a, detail::policy_rows(a, dev), dev);
+  const PlanShape plan = detail::plan_shape(a, detail::policy_index(a, dev), dev);
   if (g_plans) {
     double best = median(t_none);  // ms
     int best_n = 1;
@@ -382,6 +421,11 @@ int main(int argc, char** argv) {
   for (DType kv : {DType::fp8_e4m3fn, DType::bf16})
     for (int q : {1, 2, 4, 8, 16})
       for (int ps : {1, 64}) shapes.push_back({16, q, kv, 128, 8192, ps});
+  // Small-batch latency points (whole call dominated by launches and the split merge).
+  for (DType kv : {DType::fp8_e4m3fn, DType::bf16})
+    for (int q : {1, 8}) shapes.push_back({16, q, kv, 1, 8192, 64});
+  shapes.push_back({16, 1, DType::fp8_e4m3fn, 1, 131072, 64});
+  shapes.push_back({16, 8, DType::fp8_e4m3fn, 1, 32768, 64});
   if (!quick) {
     for (int h : {12, 32, 64, 128})
       for (int q : {1, 2, 4, 8, 16})

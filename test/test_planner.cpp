@@ -49,11 +49,26 @@ std::string check_plan(const PlanShape& p, const std::vector<int>& lens, PlanSta
   const int B = p.batch;
   if (int(h.requests.size()) != B || int(h.ctas.size()) != G) return "wrong array sizes";
 
-  // Totals and the per-CTA budget: ceil(total / G) units, so the load is balanced.
-  long long total = 0;
-  for (int len : lens) total += expected_cost(p, len);
+  // Totals and the per-CTA budget: ceil(total / G) units, so the load is balanced; in
+  // automatic mode at least kMinPieceUnits, or the smallest equal cut of the longest request
+  // at or above that if it is at most 1/8 larger (found by search here).
+  long long total = 0, max_cost = 0;
+  for (int len : lens) {
+    total += expected_cost(p, len);
+    max_cost = std::max(max_cost, expected_cost(p, len));
+  }
   if (h.total != total) return "total " + std::to_string(h.total) + " != " + std::to_string(total);
-  const long long per = std::max(1LL, ceil_div(total, G));
+  long long per = std::max(1LL, ceil_div(total, G));
+  if (p.mode == SplitMode::automatic) {
+    per = std::max<long long>(per, kMinPieceUnits);
+    long long cut = per;
+    if (max_cost > per) {
+      cut = max_cost;  // k = 1
+      for (long long k = 1; k <= max_cost; ++k)
+        if (ceil_div(max_cost, k) >= per) cut = std::min(cut, ceil_div(max_cost, k));
+    }
+    if (8 * cut <= 9 * per) per = cut;
+  }
   if (h.per_cta != per)
     return "per_cta " + std::to_string(h.per_cta) + " != " + std::to_string(per);
   if (1LL * h.per_cta * G < total) return "budget does not cover the total";
@@ -216,7 +231,8 @@ TEST_CASE("planner: coverage, balance and capacity on random length mixes", "[pl
     p.row_tiles = 1 + int(g() % 64);
     p.fixed_splits = p.mode == SplitMode::fixed ? 1 + int(g() % kMaxSplits) : 1;
     const int sms = trial % 2 ? 132 : 304;
-    p.num_ctas = plan_num_ctas(p.mode, p.fixed_splits, batch, p.row_tiles, sms);
+    p.ctas_per_sm = 1 + (trial / 2) % 2;
+    p.num_ctas = plan_num_ctas(p.mode, p.fixed_splits, batch, p.row_tiles, sms, p.ctas_per_sm);
     const std::string e = check_plan(p, lens, &stats);
     if (!e.empty()) {
       INFO("trial " << trial << " " << mode_name(p.mode) << " batch " << batch << " kind " << kind
@@ -254,7 +270,7 @@ TEST_CASE("planner: hand-picked mixes", "[planner]") {
             p.mode = m;
             p.row_tiles = row_tiles;
             p.fixed_splits = m == SplitMode::fixed ? splits : 1;
-            p.num_ctas = plan_num_ctas(m, p.fixed_splits, p.batch, row_tiles, sms);
+            p.num_ctas = plan_num_ctas(m, p.fixed_splits, p.batch, row_tiles, sms, 2);
             const std::string e = check_plan(p, lens, nullptr);
             INFO(mode_name(m) << " batch " << p.batch << " first len " << lens[0] << " rt "
                               << row_tiles << " sms " << sms << " splits " << splits << ": " << e);
@@ -262,20 +278,63 @@ TEST_CASE("planner: hand-picked mixes", "[planner]") {
           }
 }
 
+TEST_CASE("planner: equal lengths split into equal pieces, or not at all", "[planner]") {
+  // The shapes the budget rule was calibrated on (H200, 132 SMs; kv_len 8192 costs 130 units,
+  // 1024 costs 18): the pieces each request gets. Where the piece count k divides the cost
+  // the cut is exact (k pieces); otherwise the budget is ceil(cost / k) and requests that
+  // start off a CTA boundary get k + 1.
+  struct C {
+    int batch, len, row_tiles, per_sm, pieces_min, pieces_max;
+  };
+  const C cases[] = {
+      {128, 8192, 1, 1, 1, 1},    // 64-row tile, 128 requests on 132 SMs: no split
+      {128, 8192, 1, 2, 2, 2},    // 16-row tile, two per SM: 2 pieces each
+      {32, 8192, 2, 1, 2, 2},     // 128 rows (2 row tiles), batch 32: 2 pieces
+      {32, 1024, 2, 1, 2, 2},     //   ... with kv_len 1024
+      {128, 1024, 2, 1, 1, 1},    // batch 128, kv_len 1024, 2 row tiles: no split
+      {32, 8192, 1, 1, 4, 5},     // 32 requests of one row tile: 4 (+1) pieces
+      {8, 8192, 2, 1, 8, 9},      // batch 8, 2 row tiles: 8 (+1) pieces
+      {1, 8192, 2, 1, 65, 65},    // batch 1: 65 pieces of 2 units (kMinPieceUnits)
+      {1, 8192, 1, 2, 65, 65},    //   ... also with the 264 CTAs of two per SM
+  };
+  for (const C& c : cases) {
+    PlanShape p;
+    p.batch = c.batch;
+    p.mode = SplitMode::automatic;
+    p.row_tiles = c.row_tiles;
+    p.ctas_per_sm = c.per_sm;
+    p.num_ctas = plan_num_ctas(p.mode, 1, p.batch, p.row_tiles, 132, p.ctas_per_sm);
+    const std::vector<int> lens(c.batch, c.len);
+    INFO("batch " << c.batch << " kv_len " << c.len << " row tiles " << c.row_tiles
+                  << " per SM " << c.per_sm << " CTAs " << p.num_ctas);
+    REQUIRE(check_plan(p, lens, nullptr).empty());
+    const HostPlan h = plan_on_host(p, lens.data());
+    for (int b = 0; b < c.batch; ++b) {
+      CHECK(h.requests[b].num_pieces >= c.pieces_min);
+      CHECK(h.requests[b].num_pieces <= c.pieces_max);
+    }
+    // The budget is never more than 1/8 above the least one.
+    const long long least = std::max<long long>(kMinPieceUnits, ceil_div(h.total, p.num_ctas));
+    CHECK(8LL * h.per_cta <= 9 * least);
+  }
+}
+
 TEST_CASE("planner: one grid serves every step (num_ctas never depends on kv_len)", "[planner]") {
   // plan_num_ctas takes no lengths: check its values against the documented formula, then
   // that one shape yields a valid plan for every length mix of the same batch.
   for (int sms : {1, 80, 132, 304})
-    for (int batch : {0, 1, 2, 3, 5, 64, 300, 5000})
-      for (int rt = 1; rt <= 64; ++rt) {
-        const int target = std::max(1, int(ceil_div(2LL * sms, rt)));
-        // At least one CTA per request, at most kMaxAutoSplits per request.
-        const int autom =
-            batch == 0 ? 0 : std::min(std::max(target, batch), batch * kMaxAutoSplits);
-        CHECK(plan_num_ctas(SplitMode::automatic, 1, batch, rt, sms) == autom);
-        CHECK(plan_num_ctas(SplitMode::none, 7, batch, rt, sms) == batch);
-        CHECK(plan_num_ctas(SplitMode::fixed, 7, batch, rt, sms) == 7 * batch);
-      }
+    for (int per_sm : {1, 2, 3})
+      for (int batch : {0, 1, 2, 3, 5, 64, 300, 5000})
+        for (int rt = 1; rt <= 64; ++rt) {
+          // One wave of resident CTAs per row tile.
+          const int target = std::max(1, int(ceil_div(1LL * per_sm * sms, rt)));
+          // At least one CTA per request, at most kMaxAutoSplits per request.
+          const int autom =
+              batch == 0 ? 0 : std::min(std::max(target, batch), batch * kMaxAutoSplits);
+          CHECK(plan_num_ctas(SplitMode::automatic, 1, batch, rt, sms, per_sm) == autom);
+          CHECK(plan_num_ctas(SplitMode::none, 7, batch, rt, sms, per_sm) == batch);
+          CHECK(plan_num_ctas(SplitMode::fixed, 7, batch, rt, sms, per_sm) == 7 * batch);
+        }
   std::mt19937_64 g(0x5eed0002);
   for (int trial = 0; trial < 300; ++trial) {
     PlanShape p;
@@ -283,7 +342,8 @@ TEST_CASE("planner: one grid serves every step (num_ctas never depends on kv_len
     p.mode = SplitMode(trial % 3);
     p.row_tiles = 1 + int(g() % 64);
     p.fixed_splits = 1 + int(g() % 64);
-    p.num_ctas = plan_num_ctas(p.mode, p.fixed_splits, p.batch, p.row_tiles, 132);
+    p.ctas_per_sm = 1 + trial % 2;
+    p.num_ctas = plan_num_ctas(p.mode, p.fixed_splits, p.batch, p.row_tiles, 132, p.ctas_per_sm);
     for (int step = 0; step < 8; ++step) {
       const std::string e = check_plan(p, random_lengths(g, p.batch, step % 7), nullptr);
       INFO("trial " << trial << " step " << step << ": " << e);

@@ -433,8 +433,9 @@ TEST_CASE("policy choice: rows, KV type and device", "[validate]") {
   CHECK(detail::policy_rows(f, kH100) == 32);
   CHECK(workspace_bytes(f, kH100) == workspace_bytes(a, kH100));
   for (const DecodeArgs& x : {a, f}) {
-    const int rpc = detail::policy_rows(x, kH100);
-    const PlanShape sh = detail::plan_shape(x, rpc, kH100);
+    const int idx = detail::policy_index(x, kH100);
+    const int rpc = arch::kPolicies[idx].rows;
+    const PlanShape sh = detail::plan_shape(x, idx, kH100);
     CHECK(std::size_t(detail::workspace_layout(sh, sh.row_tiles * rpc).bytes) <=
           workspace_bytes(x, kH100));
   }
@@ -481,7 +482,7 @@ TEST_CASE("workspace_bytes depends on batch, heads, q_len, split mode and device
           CHECK(ws >= std::size_t(a.batch) * a.num_splits * per_slot);
         // Automatic mode: whatever the lengths, the plan fits the partial slots reserved.
         if (m == SplitMode::automatic) {
-          const PlanShape s = detail::plan_shape(a, detail::policy_rows(a, dev), dev);
+          const PlanShape s = detail::plan_shape(a, detail::policy_index(a, dev), dev);
           std::vector<int> clamped(lens.begin(), lens.end());
           clamped[rng() % clamped.size()] = 150000;  // one long request among the rest
           const HostPlan h = plan_on_host(s, clamped.data());

@@ -22,14 +22,17 @@ namespace mlakit {
 
 namespace detail {
 
-// Row tiling and plan shape of a request mix for the policy with `rows_per_cta` rows.
-inline PlanShape plan_shape(const DecodeArgs& a, int rows_per_cta, const DeviceInfo& dev) {
+// Row tiling and plan shape of a request mix for tile policy `policy` (arch::kPolicies).
+inline PlanShape plan_shape(const DecodeArgs& a, int policy, const DeviceInfo& dev) {
+  const arch::TilePolicy& tp = arch::kPolicies[policy];
   PlanShape s;
   s.batch = a.batch;
-  s.row_tiles = (a.rows() + rows_per_cta - 1) / rows_per_cta;
+  s.row_tiles = (a.rows() + tp.rows - 1) / tp.rows;
   s.mode = a.split_mode;
   s.fixed_splits = a.split_mode == SplitMode::fixed ? a.num_splits : 1;
-  s.num_ctas = plan_num_ctas(s.mode, s.fixed_splits, s.batch, s.row_tiles, dev.sm_count);
+  s.ctas_per_sm = tp.ctas_per_sm;
+  s.num_ctas =
+      plan_num_ctas(s.mode, s.fixed_splits, s.batch, s.row_tiles, dev.sm_count, s.ctas_per_sm);
   return s;
 }
 
@@ -40,11 +43,11 @@ inline int policy_index(const DecodeArgs& a, const DeviceInfo& dev) {
 inline int policy_rows(const DecodeArgs& a, const DeviceInfo& dev) {
   return arch::kPolicies[policy_index(a, dev)].rows;
 }
-// The row tile the workspace is sized for: the larger of the tiles the KV types may use, so
-// that the size does not depend on the dtypes (one tile for these rows and the tile with KV
-// of the Q type are the only candidates, and the latter is never the smaller).
-inline int workspace_policy_rows(const DecodeArgs& a, const DeviceInfo& dev) {
-  return arch::kPolicies[arch::policy_index_for(a.rows(), true, dev.arch)].rows;
+
+// Workspace bytes of the launch of policy `policy`.
+inline std::int64_t policy_workspace_bytes(const DecodeArgs& a, int policy, const DeviceInfo& dev) {
+  const PlanShape shape = plan_shape(a, policy, dev);
+  return workspace_layout(shape, shape.row_tiles * arch::kPolicies[policy].rows).bytes;
 }
 
 }  // namespace detail
@@ -59,10 +62,13 @@ inline Status workspace_bytes(const DecodeArgs& a, const DeviceInfo& dev, std::s
   *bytes = 0;
   Status s = validate_shape(a);
   if (!s || a.batch == 0) return s;
-  const int rows_per_cta = detail::workspace_policy_rows(a, dev);
-  const PlanShape shape = detail::plan_shape(a, rows_per_cta, dev);
-  *bytes = static_cast<std::size_t>(
-      detail::workspace_layout(shape, shape.row_tiles * rows_per_cta).bytes);
+  // The larger of the two policies these rows can get (KV of the Q type or not), so that the
+  // size does not depend on the dtypes.
+  const std::int64_t direct =
+      detail::policy_workspace_bytes(a, arch::policy_index_for(a.rows(), true, dev.arch), dev);
+  const std::int64_t converted =
+      detail::policy_workspace_bytes(a, arch::policy_index_for(a.rows(), false, dev.arch), dev);
+  *bytes = static_cast<std::size_t>(direct > converted ? direct : converted);
   return Status::ok();
 }
 
@@ -142,12 +148,22 @@ inline Status warpgroup_usable(const DeviceInfo& dev, bool* usable) {
 }
 #endif
 
+// Launches the planner for `shape`: a 128-thread block for batches up to 128, else 1024.
+inline Status launch_planner(const DecodeArgs& a, const PlanShape& shape, const WorkspaceView& ws,
+                             Stream stream) {
+  if (shape.batch <= kSmallPlannerThreads)
+    return launch_kernel("plan_kernel", plan_kernel<kSmallPlannerThreads>, dim3(1),
+                         dim3(kSmallPlannerThreads), 0, stream, a, shape, ws);
+  return launch_kernel("plan_kernel", plan_kernel<kPlannerThreads>, dim3(1),
+                       dim3(kPlannerThreads), 0, stream, a, shape, ws);
+}
+
 // Launches planner, decode kernel and combine for one instantiation.
 template <class Problem, int PolicyIndex>
 inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* workspace,
                               std::size_t workspace_size, Stream stream) {
   using Tr = DecodeTraits<Problem, PolicyIndex>;
-  const PlanShape shape = plan_shape(a, Tr::kRows, dev);
+  const PlanShape shape = plan_shape(a, PolicyIndex, dev);
   const int rows_padded = shape.row_tiles * Tr::kRows;
   const WorkspaceLayout wl = workspace_layout(shape, rows_padded);
   if (workspace == nullptr || workspace_size < static_cast<std::size_t>(wl.bytes))
@@ -183,9 +199,7 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   // Everything that can fail without a GPU fault has been checked above: from here on only a
   // launch the runtime rejects returns early (inside a stream capture the caller then ends
   // and discards the capture).
-  if (!(s = launch_kernel("plan_kernel", plan_kernel<>, dim3(1), dim3(kPlannerThreads), 0, stream,
-                          a, shape, k.ws)))
-    return s;
+  if (!(s = launch_planner(a, shape, k.ws, stream))) return s;
   const dim3 grid(shape.row_tiles, shape.num_ctas);
 #if defined(MLAKIT_PLATFORM_CUDA)
   if constexpr (Tr::kWarpgroupPolicy) {

@@ -18,7 +18,8 @@ struct TilePolicy {
   int threads;      // threads per CTA
   int stages;       // KV tiles in shared memory when KV needs no conversion
   int raw_bytes;    // shared bytes for raw KV staging when KV is converted (fp8 / other 16-bit)
-  int ctas_per_sm;  // CTAs the kernel is compiled to keep resident per SM (launch bounds)
+  int ctas_per_sm;  // CTAs resident per SM (launch bounds); the automatic split plan aims for
+                    // one wave of them (plan_num_ctas)
   int fp8_stages;   // raw KV stages when the matrix atom reads e4m3fn KV raw (NVIDIA)
   Mainloop mainloop;
 };
@@ -65,7 +66,7 @@ constexpr int policy_index_for_rows(int rows) {
 // 478 -> 372 us at page 64, 556 -> 394 at page 1; docs/performance.md). fp8 and other
 // converted KV keep the 32-row tile, which is faster for them (q_len 2 fp8 413 us there, the
 // 64-row tile 479 us at q_len 4). The launch uses this function; workspace_bytes() sizes for
-// the 64-row tile whatever the dtypes. A program built without sm_90a code runs the 64-row
+// the larger plan of the two candidates whatever the dtypes. A program built without sm_90a code runs the 64-row
 // policy's mma.sync fallback there: correct, but slower than the 32-row tile would be.
 constexpr int policy_index_for(int rows, bool direct_kv, int arch) {
   const int i = policy_index_for_rows(rows);

@@ -2,14 +2,17 @@
 // The split-KV planner's arithmetic, shared by the device planner kernel and the host tests.
 //
 // Every request b gets a cost interval [prefix[b], prefix[b] + cost[b]) on one line; the line
-// [0, total) is cut into `num_ctas` equal intervals of `per_cta` units, one per CTA (per row
-// tile). A CTA processes, in order, the pieces of every request whose interval meets its own,
+// [0, total) is cut into intervals of `per_cta` units, one per CTA (per row tile), with
+// per_cta x num_ctas >= total (CTAs past the total have no work). A CTA processes, in order, the pieces of every request whose interval meets its own,
 // so KV work is balanced whatever the lengths, and the grid depends only on batch, rows and
 // the device, never on kv_len values (one captured graph serves every decode step).
 //
 // Modes: automatic costs a request kOverheadUnits + ceil(kv_len / kPlanTokens) units (the
 // overhead stands for loading Q and writing O); none costs 1 unit per request with one CTA
-// per request; fixed costs num_splits units, one per CTA.
+// per request; fixed costs num_splits units, one per CTA. The automatic mode's budget per CTA
+// is the least that fits (ceil(total / num_ctas)) unless a budget at most 1/8 larger cuts the
+// longest request into equal pieces (auto_per_cta): equal requests then split into k pieces
+// each, or not at all, instead of k + 1 pieces at shifted boundaries.
 #include <cstdint>
 
 #include "config.hpp"
@@ -19,7 +22,8 @@ namespace mlakit {
 
 inline constexpr int kPlanTokens = 64;    // KV tokens per cost unit (one KV tile)
 inline constexpr int kOverheadUnits = 2;  // automatic mode: fixed cost of each request
-inline constexpr int kPlanWaves = 2;      // automatic mode: CTAs per SM to aim for
+inline constexpr int kMinPieceUnits = 2;  // automatic mode: least budget per CTA, in units
+inline constexpr int kAlignSlack = 8;     // automatic mode: aligned budget <= least x (1 + 1/8)
 // Automatic mode: most CTAs per request (on average). High enough that one long request fills
 // every SM (batch 1 x 131072 tokens had 64 CTAs under the old cap, the fixed-mode limit
 // kMaxSplits, and ran at a tenth of the memory bound); the combine kernel merges hundreds of
@@ -33,6 +37,7 @@ struct PlanShape {
   int num_ctas = 0;   // CTAs along the KV dimension (the planner's G)
   SplitMode mode = SplitMode::automatic;
   int fixed_splits = 1;
+  int ctas_per_sm = 1;  // automatic mode: CTAs per SM the plan aims for (the tile policy's)
 
   // Upper bound on pieces that belong to split requests: each CTA is the first or last CTA
   // of at most two split requests, and a request strictly inside a CTA's range is unsplit.
@@ -45,13 +50,18 @@ struct PlanShape {
 };
 
 // Number of CTAs along KV for a request mix of `batch` requests and `row_tiles` row tiles on
-// a device with `sm_count` SMs. Depends on nothing that lives on the device.
+// a device with `sm_count` SMs, for a kernel that keeps `ctas_per_sm` CTAs resident per SM.
+// Depends on nothing that lives on the device.
 MLAKIT_HOST_DEVICE inline int plan_num_ctas(SplitMode mode, int fixed_splits, int batch,
-                                            int row_tiles, int sm_count) {
+                                            int row_tiles, int sm_count, int ctas_per_sm) {
   if (batch <= 0) return 0;
   if (mode == SplitMode::none) return batch;
   if (mode == SplitMode::fixed) return batch * fixed_splits;
-  const int target = (kPlanWaves * sm_count + row_tiles - 1) / row_tiles;
+  // One wave of resident CTAs: a second wave of a one-CTA-per-SM kernel only adds pieces
+  // (partials, combine, Q reloads; measured on the H200: 16 heads x q_len 4, batch 128, ran
+  // 390 us with two waves of split requests, 338 us with one CTA per request).
+  const int per_sm = ctas_per_sm < 1 ? 1 : ctas_per_sm;
+  const int target = (per_sm * sm_count + row_tiles - 1) / row_tiles;
   const int cap = batch * kMaxAutoSplits;
   // At least one CTA per request: when requests (times row tiles) already fill the waves,
   // fewer CTAs than requests only adds boundary splits and coarser waves (measured on the
@@ -119,6 +129,32 @@ MLAKIT_HOST_DEVICE inline int token_at(const PlanShape& p, int kv_len, int cost,
 MLAKIT_HOST_DEVICE inline int per_cta_units(int total, int num_ctas) {
   const int u = (total + num_ctas - 1) / num_ctas;
   return u < 1 ? 1 : u;
+}
+
+// Automatic mode's budget per CTA, given the total cost and the cost of the longest request.
+// Start from the least budget that fits the work in num_ctas CTAs (and no less than
+// kMinPieceUnits: a one-unit piece moves less KV than the Q load and partial it costs). If
+// the longest request is longer, take the smallest budget >= that which cuts it into equal
+// pieces (ceil(max_cost / k) with the largest such k), provided it exceeds the least budget by
+// at most 1/kAlignSlack. With equal lengths every request then splits into exactly k pieces
+// (k = 1: none), where the least budget would cut most requests into k + 1 pieces at shifted
+// boundaries: the same makespan with more partials. Never below the least budget, so the
+// work always fits the grid.
+MLAKIT_HOST_DEVICE inline int auto_per_cta(int total, int num_ctas, int max_cost) {
+  int u = per_cta_units(total, num_ctas);
+  if (u < kMinPieceUnits) u = kMinPieceUnits;
+  if (max_cost <= u) return u;
+  // ceil(max_cost / k) >= u  <=>  k < max_cost / (u - 1); u >= 2 here.
+  const int k = (max_cost + u - 2) / (u - 1) - 1;
+  const int p = (max_cost + k - 1) / k;
+  return std::int64_t(p) * kAlignSlack <= std::int64_t(u) * (kAlignSlack + 1) ? p : u;
+}
+
+// Budget per CTA of a plan: auto_per_cta in automatic mode, the least budget otherwise.
+MLAKIT_HOST_DEVICE inline int plan_per_cta(const PlanShape& p, int total, int max_cost) {
+  const int g = p.num_ctas > 0 ? p.num_ctas : 1;
+  return p.mode == SplitMode::automatic ? auto_per_cta(total, g, max_cost)
+                                        : per_cta_units(total, g);
 }
 
 // What the planner writes per request.
@@ -230,14 +266,16 @@ struct HostPlan {
 inline HostPlan plan_on_host(const PlanShape& p, const int* kv_len_clamped) {
   HostPlan h;
   h.requests.resize(p.batch);
-  int prefix = 0;
+  int prefix = 0, max_cost = 0;
   for (int b = 0; b < p.batch; ++b) {
     h.requests[b].kv_len = kv_len_clamped[b];
     h.requests[b].cost_begin = prefix;
-    prefix += request_cost(p, kv_len_clamped[b]);
+    const int cost = request_cost(p, kv_len_clamped[b]);
+    prefix += cost;
+    max_cost = cost > max_cost ? cost : max_cost;
   }
   h.total = prefix;
-  h.per_cta = per_cta_units(h.total, p.num_ctas > 0 ? p.num_ctas : 1);
+  h.per_cta = plan_per_cta(p, h.total, max_cost);
   int partials = 0;
   for (int b = 0; b < p.batch; ++b) {
     request_ctas(p, h.requests[b], h.per_cta);

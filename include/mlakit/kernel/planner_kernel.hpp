@@ -13,6 +13,9 @@
 namespace mlakit::detail {
 
 inline constexpr int kPlannerThreads = 1024;
+// Batches up to this many requests get a planner block of this size: one pass per scan and
+// fewer threads to synchronise, which shortens the planner on the small-batch latency path.
+inline constexpr int kSmallPlannerThreads = 128;
 
 template <int Threads = kPlannerThreads>
 __global__ void __launch_bounds__(Threads)
@@ -21,7 +24,10 @@ __global__ void __launch_bounds__(Threads)
   __shared__ typename Scan::Storage scan_storage;
   const int tid = static_cast<int>(threadIdx.x);
 
-  // Pass 1: clamped lengths and the exclusive scan of request costs.
+  // Pass 1: clamped lengths, the exclusive scan of request costs and the largest cost.
+  __shared__ int max_cost;
+  if (tid == 0) max_cost = 0;
+  __syncthreads();
   int carry = 0;
   for (int base = 0; base < shape.batch; base += Threads) {
     const int b = base + tid;
@@ -29,6 +35,7 @@ __global__ void __launch_bounds__(Threads)
     if (b < shape.batch) {
       len = clamp_kv_len(a.kv_len[b], page_capacity(a, b));
       cost = request_cost(shape, len);
+      atomicMax(&max_cost, cost);  // order-free: the result is deterministic
     }
     int excl = 0, total = 0;
     Scan(scan_storage).run(cost, excl, total);
@@ -40,7 +47,8 @@ __global__ void __launch_bounds__(Threads)
     __syncthreads();
   }
   const int total_cost = carry;
-  const int per_cta = per_cta_units(total_cost, shape.num_ctas);
+  // max_cost is complete: the loop ends with __syncthreads (batch > 0 whenever it runs).
+  const int per_cta = plan_per_cta(shape, total_cost, max_cost);
 
   // Pass 2: CTAs touching each request, and partial slots of split requests.
   carry = 0;
