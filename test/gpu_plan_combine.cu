@@ -115,12 +115,13 @@ std::string run_planner(const PlannerCase& c) {
     RequestPlan d;
     std::memcpy(&d, image.data() + wl.plan.requests_offset + b * sizeof(RequestPlan), sizeof d);
     const RequestPlan& r = h.requests[b];
-    if (d.kv_len != r.kv_len || d.cost_begin != r.cost_begin || d.first_cta != r.first_cta ||
-        d.num_pieces != r.num_pieces || d.partial_base != r.partial_base) {
+    if (d.kv_len != r.kv_len || d.cost_begin != r.cost_begin || d.cost != r.cost ||
+        d.first_cta != r.first_cta || d.num_pieces != r.num_pieces ||
+        d.partial_base != r.partial_base) {
       err << "request " << b << " (len " << c.lens[b] << "): device {" << d.kv_len << ", "
-          << d.cost_begin << ", " << d.first_cta << ", " << d.num_pieces << ", " << d.partial_base
-          << "} host {" << r.kv_len << ", " << r.cost_begin << ", " << r.first_cta << ", "
-          << r.num_pieces << ", " << r.partial_base << "}";
+          << d.cost_begin << ", " << d.cost << ", " << d.first_cta << ", " << d.num_pieces << ", "
+          << d.partial_base << "} host {" << r.kv_len << ", " << r.cost_begin << ", " << r.cost
+          << ", " << r.first_cta << ", " << r.num_pieces << ", " << r.partial_base << "}";
       return err.str();
     }
   }

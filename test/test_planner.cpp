@@ -52,13 +52,12 @@ std::string check_plan(const PlanShape& p, const std::vector<int>& lens, PlanSta
   // Totals and the per-CTA budget: ceil(total / G) units, so the load is balanced; in
   // automatic mode at least kMinPieceUnits, or the smallest equal cut of the longest request
   // at or above that if it is at most 1/8 larger (found by search here).
-  long long total = 0, max_cost = 0;
+  long long raw_total = 0, max_cost = 0;
   for (int len : lens) {
-    total += expected_cost(p, len);
+    raw_total += expected_cost(p, len);
     max_cost = std::max(max_cost, expected_cost(p, len));
   }
-  if (h.total != total) return "total " + std::to_string(h.total) + " != " + std::to_string(total);
-  long long per = std::max(1LL, ceil_div(total, G));
+  long long per = std::max(1LL, ceil_div(raw_total, G));
   if (p.mode == SplitMode::automatic) {
     per = std::max<long long>(per, kMinPieceUnits);
     long long cut = per;
@@ -71,6 +70,19 @@ std::string check_plan(const PlanShape& p, const std::vector<int>& lens, PlanSta
   }
   if (h.per_cta != per)
     return "per_cta " + std::to_string(h.per_cta) + " != " + std::to_string(per);
+  // Automatic mode: when every request starting at a CTA boundary fits the grid, each cost is
+  // rounded up to a multiple of the budget.
+  long long aligned = 0;
+  for (int len : lens) aligned += ceil_div(expected_cost(p, len), per);
+  const bool rounded = p.mode == SplitMode::automatic && aligned <= G;
+  std::vector<long long> cost_of(B);
+  long long total = 0;
+  for (int b = 0; b < B; ++b) {
+    const long long c = expected_cost(p, lens[b]);
+    cost_of[b] = rounded ? ceil_div(c, per) * per : c;
+    total += cost_of[b];
+  }
+  if (h.total != total) return "total " + std::to_string(h.total) + " != " + std::to_string(total);
   if (1LL * h.per_cta * G < total) return "budget does not cover the total";
 
   // (a) coverage, (c) partial slots, (d) empty requests, (e) pieces per mode.
@@ -82,7 +94,11 @@ std::string check_plan(const PlanShape& p, const std::vector<int>& lens, PlanSta
     err << "request " << b << " len " << lens[b] << ": ";
     if (r.kv_len != lens[b]) return err.str() + "kv_len changed";
     if (r.cost_begin != prefix) return err.str() + "cost_begin is not the prefix sum";
-    const long long cost = expected_cost(p, lens[b]);
+    const long long cost = cost_of[b];
+    if (r.cost != cost) return err.str() + "cost " + std::to_string(r.cost);
+    // Rounded plans: every request starts at a CTA boundary, one piece per CTA.
+    if (rounded && (r.cost_begin % h.per_cta != 0 || r.num_pieces != ceil_div(cost, h.per_cta)))
+      return err.str() + "rounded plan: request off a CTA boundary or with extra pieces";
     prefix += cost;
     if (r.num_pieces < 1) return err.str() + "no piece";
     if (r.first_cta < 0 || r.first_cta + r.num_pieces > G) return err.str() + "CTA out of range";
@@ -280,9 +296,9 @@ TEST_CASE("planner: hand-picked mixes", "[planner]") {
 
 TEST_CASE("planner: equal lengths split into equal pieces, or not at all", "[planner]") {
   // The shapes the budget rule was calibrated on (H200, 132 SMs; kv_len 8192 costs 130 units,
-  // 1024 costs 18): the pieces each request gets. Where the piece count k divides the cost
-  // the cut is exact (k pieces); otherwise the budget is ceil(cost / k) and requests that
-  // start off a CTA boundary get k + 1.
+  // 1024 costs 18): the pieces each request gets, k = the fewest the budget allows. Requests
+  // start at CTA boundaries (their costs rounded up to a multiple of the budget), so none
+  // gets k + 1 pieces.
   struct C {
     int batch, len, row_tiles, per_sm, pieces_min, pieces_max;
   };
@@ -292,8 +308,8 @@ TEST_CASE("planner: equal lengths split into equal pieces, or not at all", "[pla
       {32, 8192, 2, 1, 2, 2},     // 128 rows (2 row tiles), batch 32: 2 pieces
       {32, 1024, 2, 1, 2, 2},     //   ... with kv_len 1024
       {128, 1024, 2, 1, 1, 1},    // batch 128, kv_len 1024, 2 row tiles: no split
-      {32, 8192, 1, 1, 4, 5},     // 32 requests of one row tile: 4 (+1) pieces
-      {8, 8192, 2, 1, 8, 9},      // batch 8, 2 row tiles: 8 (+1) pieces
+      {32, 8192, 1, 1, 4, 4},     // 32 requests of one row tile: 4 pieces
+      {8, 8192, 2, 1, 8, 8},      // batch 8, 2 row tiles: 8 pieces
       {1, 8192, 2, 1, 65, 65},    // batch 1: 65 pieces of 2 units (kMinPieceUnits)
       {1, 8192, 1, 2, 65, 65},    //   ... also with the 264 CTAs of two per SM
   };

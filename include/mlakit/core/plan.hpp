@@ -11,8 +11,11 @@
 // overhead stands for loading Q and writing O); none costs 1 unit per request with one CTA
 // per request; fixed costs num_splits units, one per CTA. The automatic mode's budget per CTA
 // is the least that fits (ceil(total / num_ctas)) unless a budget at most 1/8 larger cuts the
-// longest request into equal pieces (auto_per_cta): equal requests then split into k pieces
-// each, or not at all, instead of k + 1 pieces at shifted boundaries.
+// longest request into equal pieces (auto_per_cta). Then, if every request rounded up to a
+// multiple of that budget still fits the grid (plan_granule), each request's interval is so
+// rounded: every request starts at a CTA boundary and is cut into the fewest pieces its cost
+// allows, one piece per CTA (equal lengths: k pieces each, or none, instead of k + 1 pieces at
+// shifted boundaries, each costing a Q load, a partial and a pipeline fill).
 #include <cstdint>
 
 #include "config.hpp"
@@ -150,6 +153,20 @@ MLAKIT_HOST_DEVICE inline int auto_per_cta(int total, int num_ctas, int max_cost
   return std::int64_t(p) * kAlignSlack <= std::int64_t(u) * (kAlignSlack + 1) ? p : u;
 }
 
+// Units request b occupies on the line: its cost, rounded up to a multiple of `granule` when
+// granule > 0 (the padding holds no KV: token_at maps it to kv_len).
+MLAKIT_HOST_DEVICE inline int padded_cost(int cost, int granule) {
+  return granule > 0 ? (cost + granule - 1) / granule * granule : cost;
+}
+
+// Automatic mode: the granule of a plan with budget per_cta, given the number of CTAs the
+// requests need when each starts at a CTA boundary (sum of ceil(cost / per_cta)): per_cta if
+// that fits the grid, else 0 (no rounding). Other modes: 0.
+MLAKIT_HOST_DEVICE inline int plan_granule(const PlanShape& p, int per_cta,
+                                           std::int64_t aligned_ctas) {
+  return p.mode == SplitMode::automatic && aligned_ctas <= p.num_ctas ? per_cta : 0;
+}
+
 // Budget per CTA of a plan: auto_per_cta in automatic mode, the least budget otherwise.
 MLAKIT_HOST_DEVICE inline int plan_per_cta(const PlanShape& p, int total, int max_cost) {
   const int g = p.num_ctas > 0 ? p.num_ctas : 1;
@@ -161,6 +178,7 @@ MLAKIT_HOST_DEVICE inline int plan_per_cta(const PlanShape& p, int total, int ma
 struct RequestPlan {
   int kv_len;        // clamped length
   int cost_begin;    // prefix[b]
+  int cost;          // units on the line: request_cost, padded to the plan's granule
   int first_cta;     // first CTA that touches the request
   int num_pieces;    // CTAs that touch it; > 1 means split (partials + combine)
   int partial_base;  // first partial slot of a split request (exclusive scan of pieces)
@@ -182,7 +200,7 @@ struct Piece {
 
 MLAKIT_HOST_DEVICE inline Piece piece_of(const PlanShape& p, const RequestPlan& r, int c,
                                          int per_cta) {
-  const int cost = request_cost(p, r.kv_len);
+  const int cost = r.cost;
   const std::int64_t lo_abs = std::int64_t(c) * per_cta;
   const std::int64_t hi_abs = lo_abs + per_cta;
   std::int64_t lo = lo_abs - r.cost_begin;
@@ -220,10 +238,9 @@ MLAKIT_HOST_DEVICE inline CtaPlan cta_plan_of(const RequestPlan* r, int batch, i
 }
 
 // First and count of the CTAs whose intervals meet request r's.
-MLAKIT_HOST_DEVICE inline void request_ctas(const PlanShape& p, RequestPlan& r, int per_cta) {
-  const int cost = request_cost(p, r.kv_len);
+MLAKIT_HOST_DEVICE inline void request_ctas(RequestPlan& r, int per_cta) {
   r.first_cta = r.cost_begin / per_cta;
-  r.num_pieces = (r.cost_begin + cost - 1) / per_cta - r.first_cta + 1;
+  r.num_pieces = (r.cost_begin + r.cost - 1) / per_cta - r.first_cta + 1;
 }
 
 // Byte layout of the planner's part of the workspace (the partials follow it).
@@ -266,19 +283,28 @@ struct HostPlan {
 inline HostPlan plan_on_host(const PlanShape& p, const int* kv_len_clamped) {
   HostPlan h;
   h.requests.resize(p.batch);
-  int prefix = 0, max_cost = 0;
+  int sum = 0, max_cost = 0;
+  for (int b = 0; b < p.batch; ++b) {
+    const int cost = request_cost(p, kv_len_clamped[b]);
+    sum += cost;
+    max_cost = cost > max_cost ? cost : max_cost;
+  }
+  h.per_cta = plan_per_cta(p, sum, max_cost);
+  std::int64_t aligned = 0;
+  for (int b = 0; b < p.batch; ++b)
+    aligned += (request_cost(p, kv_len_clamped[b]) + h.per_cta - 1) / h.per_cta;
+  const int granule = plan_granule(p, h.per_cta, aligned);
+  int prefix = 0;
   for (int b = 0; b < p.batch; ++b) {
     h.requests[b].kv_len = kv_len_clamped[b];
     h.requests[b].cost_begin = prefix;
-    const int cost = request_cost(p, kv_len_clamped[b]);
-    prefix += cost;
-    max_cost = cost > max_cost ? cost : max_cost;
+    h.requests[b].cost = padded_cost(request_cost(p, kv_len_clamped[b]), granule);
+    prefix += h.requests[b].cost;
   }
   h.total = prefix;
-  h.per_cta = plan_per_cta(p, h.total, max_cost);
   int partials = 0;
   for (int b = 0; b < p.batch; ++b) {
-    request_ctas(p, h.requests[b], h.per_cta);
+    request_ctas(h.requests[b], h.per_cta);
     h.requests[b].partial_base = partials;
     if (h.requests[b].num_pieces > 1) partials += h.requests[b].num_pieces;
   }

@@ -24,41 +24,70 @@ __global__ void __launch_bounds__(Threads)
   __shared__ typename Scan::Storage scan_storage;
   const int tid = static_cast<int>(threadIdx.x);
 
-  // Pass 1: clamped lengths, the exclusive scan of request costs and the largest cost.
+  // Pass 1: clamped lengths, the sum and the largest of the request costs.
   __shared__ int max_cost;
   if (tid == 0) max_cost = 0;
   __syncthreads();
-  int carry = 0;
+  int sum = 0;
   for (int base = 0; base < shape.batch; base += Threads) {
     const int b = base + tid;
-    int len = 0, cost = 0;
+    int cost = 0;
     if (b < shape.batch) {
-      len = clamp_kv_len(a.kv_len[b], page_capacity(a, b));
+      const int len = clamp_kv_len(a.kv_len[b], page_capacity(a, b));
+      ws.requests[b].kv_len = len;  // read back by this same thread below
       cost = request_cost(shape, len);
       atomicMax(&max_cost, cost);  // order-free: the result is deterministic
     }
     int excl = 0, total = 0;
     Scan(scan_storage).run(cost, excl, total);
+    sum += total;
+    __syncthreads();
+  }
+  // max_cost is complete: the loop ends with __syncthreads (batch > 0 whenever it runs).
+  const int per_cta = plan_per_cta(shape, sum, max_cost);
+
+  // Pass 2: CTAs the requests need when each starts at a CTA boundary -> the granule.
+  int aligned = 0;
+  if (shape.mode == SplitMode::automatic) {
+    for (int base = 0; base < shape.batch; base += Threads) {
+      const int b = base + tid;
+      const int n =
+          b < shape.batch ? (request_cost(shape, ws.requests[b].kv_len) + per_cta - 1) / per_cta
+                          : 0;
+      int excl = 0, total = 0;
+      Scan(scan_storage).run(n, excl, total);
+      aligned += total;
+      __syncthreads();
+    }
+  }
+  const int granule = plan_granule(shape, per_cta, aligned);
+
+  // Pass 3: the exclusive scan of the (padded) request costs.
+  int carry = 0;
+  for (int base = 0; base < shape.batch; base += Threads) {
+    const int b = base + tid;
+    int cost = 0;
+    if (b < shape.batch) cost = padded_cost(request_cost(shape, ws.requests[b].kv_len), granule);
+    int excl = 0, total = 0;
+    Scan(scan_storage).run(cost, excl, total);
     if (b < shape.batch) {
-      ws.requests[b].kv_len = len;
       ws.requests[b].cost_begin = carry + excl;
+      ws.requests[b].cost = cost;
     }
     carry += total;
     __syncthreads();
   }
   const int total_cost = carry;
-  // max_cost is complete: the loop ends with __syncthreads (batch > 0 whenever it runs).
-  const int per_cta = plan_per_cta(shape, total_cost, max_cost);
 
-  // Pass 2: CTAs touching each request, and partial slots of split requests.
+  // Pass 4: CTAs touching each request, and partial slots of split requests.
   carry = 0;
   for (int base = 0; base < shape.batch; base += Threads) {
     const int b = base + tid;
     RequestPlan r{};
     int pieces = 0;
     if (b < shape.batch) {
-      r = ws.requests[b];  // written by this same thread in pass 1
-      request_ctas(shape, r, per_cta);
+      r = ws.requests[b];  // written by this same thread in pass 3
+      request_ctas(r, per_cta);
       pieces = r.num_pieces > 1 ? r.num_pieces : 0;
     }
     int excl = 0, total = 0;
@@ -77,7 +106,7 @@ __global__ void __launch_bounds__(Threads)
   }
   __syncthreads();  // every RequestPlan is written before the CTA ranges search them
 
-  // Pass 3: request range of every CTA.
+  // Pass 5: request range of every CTA.
   for (int c = tid; c < shape.num_ctas; c += Threads)
     ws.ctas[c] = cta_plan_of(ws.requests, shape.batch, c, per_cta, total_cost);
 }
