@@ -185,6 +185,7 @@ struct CombineCase {
   bool lse = true;
   std::uint64_t seed = 1;
   int warps_per_row = 0;  // combine layout: 0 = the one decode() picks for the plan
+  int col_splits = 0;     //   (both 0), else forced
 };
 
 double decode16(DType t, std::uint16_t h) {
@@ -272,14 +273,16 @@ void check_combine_once(const CombineCase& c) {
   a.out = d_out.ptr;
   a.lse = c.lse ? d_lse.as<float>() : nullptr;
 
-  // The launch of api/decode.hpp, with the warps per row it picks for this plan (0) or forced
-  // to 1, 2, 4 or 8 so that every layout of the kernel meets every case.
-  const int wpr = c.warps_per_row > 0 ? c.warps_per_row : detail::combine_warps_per_row(shape);
-  INFO("warps per row " << wpr);
+  // The launch of api/decode.hpp, with the layout it picks for this plan (0) or forced to
+  // 1, 2, 4 or 8 warps per row and 1, 2 or 4 column slices, so that every layout of the
+  // kernel meets every case.
+  detail::CombineLayout layout = detail::combine_layout(shape, rows, c.sms);
+  if (c.warps_per_row > 0) layout = detail::CombineLayout{c.warps_per_row, c.col_splits};
+  INFO("warps per row " << layout.warps_per_row << ", column slices " << layout.col_splits);
   const detail::WorkspaceView view = detail::workspace_view(d_ws.ptr, wl, rows_padded);
   const Status launch = c.q_type == DType::bf16
-                            ? detail::launch_combine<bf16_t>(a, view, wpr, nullptr)
-                            : detail::launch_combine<fp16_t>(a, view, wpr, nullptr);
+                            ? detail::launch_combine<bf16_t>(a, view, layout, nullptr)
+                            : detail::launch_combine<fp16_t>(a, view, layout, nullptr);
   INFO(launch.message());
   REQUIRE(launch.is_ok());
   REQUIRE(gpu_sync());
@@ -387,12 +390,17 @@ TEST_CASE("device planner equals plan_on_host field by field", "[gpu]") {
   CHECK(cases == 90);
 }
 
-// Every case with decode()'s layout and with each forced one (1, 2, 4, 8 warps per row).
+// Every case with decode()'s layout and with each forced one (1, 2, 4, 8 warps per row;
+// 1, 2 and 4 column slices).
 void check_combine(CombineCase c) {
-  for (int w = 0; w <= detail::kCombineWarps; w = w == 0 ? 1 : 2 * w) {
-    c.warps_per_row = w;
-    check_combine_once(c);
-  }
+  c.warps_per_row = c.col_splits = 0;
+  check_combine_once(c);
+  for (int w = 1; w <= detail::kCombineWarps; w *= 2)
+    for (int cs = 1; cs <= detail::kCombineMaxColSplits; cs *= 2) {
+      c.warps_per_row = w;
+      c.col_splits = cs;
+      check_combine_once(c);
+    }
 }
 
 TEST_CASE("combine merges split partials like a double LSE merge", "[gpu]") {

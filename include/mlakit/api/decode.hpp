@@ -217,8 +217,8 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   }
   if (!s) return s;
   if (shape.max_partials() > 0) {
-    if (!(s = launch_combine<typename Problem::q_type>(a, k.ws, combine_warps_per_row(shape),
-                                                       stream)))
+    if (!(s = launch_combine<typename Problem::q_type>(
+             a, k.ws, combine_layout(shape, a.rows(), dev.sm_count), stream)))
       return s;
   }
   return Status::ok();

@@ -1,10 +1,12 @@
 #pragma once
 // Merges the fp32 partial outputs of split requests (LSE-weighted) into O and the optional
-// LSE. A block of 256 threads serves one request and 256 / (32 W) rows of it: W warps per row
-// (1, 2, 4 or 8; W = 1 is one warp per row). The pieces of a row go to its warps in turn
-// (piece i to warp i mod W), so a row cut into hundreds of pieces (a long context at small
-// batch) merges in a few memory latencies, while many short splits waste no threads. W is
-// chosen on the host from the plan's shape (combine_warps_per_row), never from kv_len values.
+// LSE. A block of 256 threads serves one request, 256 / (32 W) rows of it and 512 / C of the
+// output columns: W warps per row (1, 2, 4 or 8; W = 1 is one warp per row) and C column
+// slices (1, 2 or 4; each block of a row recomputes the row's merged LSE, n floats). The
+// pieces of a row go to its warps in turn (piece i to warp i mod W), so a row cut into
+// hundreds of pieces (a long context at small batch) merges in a few memory latencies over
+// W x C warps, while many short splits waste no threads. W and C are chosen on the host from
+// the plan's shape (combine_layout), never from kv_len values. Column slices change no sum.
 // Every sum has a fixed order (per warp in piece order, then over the row's warps in order):
 // results are bitwise the same on every run. Requests that were not split return at once.
 #include "../core/attention_math.hpp"
@@ -21,22 +23,42 @@ namespace mlakit::detail {
 inline constexpr int kCombineThreads = 256;
 inline constexpr int kCombineWarps = kCombineThreads / kWarpSize;
 
-// Warps per row for a plan: about one warp per four pieces of an average request, at most
-// the whole block.
-inline int combine_warps_per_row(const PlanShape& shape) {
+// Most column slices: one float4 per lane and piece.
+inline constexpr int kCombineMaxColSplits = kHeadDimV / kWarpSize / 4;
+
+struct CombineLayout {
+  int warps_per_row = 1;  // W
+  int col_splits = 1;     // C
+};
+
+// Layout for a plan over `rows` rows per request on `sm_count` SMs: about one warp per four
+// pieces of an average request, first more warps per row (at most the whole block), then
+// column slices while the grid has fewer blocks than SMs. On the H200, a row of 257 pieces
+// (batch 1, kv_len 131072, q_len 1) merged in 45 us (under ncu) with 8 warps per row and no
+// slices: 16 blocks, each warp walking 32 pieces of 2 KB; 4 slices took the whole call from
+// 65 to 57 us. With 128 rows (q_len 8) the slices made it 0.5 us slower: enough blocks already.
+inline CombineLayout combine_layout(const PlanShape& shape, int rows, int sm_count) {
   const int avg = shape.batch > 0 ? (shape.num_ctas + shape.batch - 1) / shape.batch : 1;
-  int w = 1;
-  while (w < kCombineWarps && 4 * w < avg) w *= 2;
-  return w;
+  CombineLayout l;
+  while (l.warps_per_row < kCombineWarps && 4 * l.warps_per_row < avg) l.warps_per_row *= 2;
+  const int rows_per_block = kCombineWarps / l.warps_per_row;
+  const std::int64_t blocks =
+      std::int64_t(shape.batch) * ((rows + rows_per_block - 1) / rows_per_block);
+  while (l.col_splits < kCombineMaxColSplits && 4 * l.warps_per_row * l.col_splits < avg &&
+         2 * blocks * l.col_splits <= sm_count)
+    l.col_splits *= 2;
+  return l;
 }
 
 template <class T>
 __global__ void __launch_bounds__(kCombineThreads)
-    combine_kernel(DecodeArgs a, WorkspaceView ws, int warps_per_row) {
-  constexpr int kColsPerLane = kHeadDimV / kWarpSize;  // 16 (NVIDIA) or 8 (AMD)
+    combine_kernel(DecodeArgs a, WorkspaceView ws, int warps_per_row, int col_splits) {
+  constexpr int kVecPerLane = kHeadDimV / kWarpSize / 4;  // float4s per lane: 4 or 2 (AMD)
   __shared__ float red[kCombineWarps];
   __shared__ float part[kCombineWarps][kHeadDimV];
   const int b = static_cast<int>(blockIdx.x);
+  const int vecs = kVecPerLane / col_splits;  // float4s per lane in this block's slice
+  const int col0 = static_cast<int>(blockIdx.z) * (kHeadDimV / col_splits);
   const RequestPlan r = ws.requests[b];
   if (r.num_pieces <= 1) return;  // written directly by the decode kernel (whole block)
   const int W = warps_per_row;
@@ -70,28 +92,33 @@ __global__ void __launch_bounds__(kCombineThreads)
   for (int k = 0; k < W; ++k) merge.sum += red[lead + k];
 
   // This warp's pieces: sum of w_i O_i; empty pieces (w_i = 0) add nothing.
-  float acc[kColsPerLane];
+  // Column of float4 j of this lane: col0 + 4 * (lane + j * kWarpSize).
+  float acc[4 * kVecPerLane];
 #pragma unroll
-  for (int j = 0; j < kColsPerLane; ++j) acc[j] = 0.0f;
-#pragma unroll 2
+  for (int j = 0; j < 4 * kVecPerLane; ++j) acc[j] = 0.0f;
+#pragma unroll 4
   for (int i = sub; i < n; i += W) {
     const float w = merge.weight(ws.partial_lse[first + i * stride]);
     const float4* src =
-        reinterpret_cast<const float4*>(ws.partial_o + (first + i * stride) * kHeadDimV) + lane;
+        reinterpret_cast<const float4*>(ws.partial_o + (first + i * stride) * kHeadDimV + col0) +
+        lane;
 #pragma unroll
-    for (int j = 0; j < kColsPerLane / 4; ++j) {
-      const float4 v = src[j * kWarpSize];
-      acc[4 * j + 0] += w != 0.0f ? w * v.x : 0.0f;
-      acc[4 * j + 1] += w != 0.0f ? w * v.y : 0.0f;
-      acc[4 * j + 2] += w != 0.0f ? w * v.z : 0.0f;
-      acc[4 * j + 3] += w != 0.0f ? w * v.w : 0.0f;
+    for (int j = 0; j < kVecPerLane; ++j) {
+      if (j < vecs) {
+        const float4 v = src[j * kWarpSize];
+        acc[4 * j + 0] += w != 0.0f ? w * v.x : 0.0f;
+        acc[4 * j + 1] += w != 0.0f ? w * v.y : 0.0f;
+        acc[4 * j + 2] += w != 0.0f ? w * v.z : 0.0f;
+        acc[4 * j + 3] += w != 0.0f ? w * v.w : 0.0f;
+      }
     }
   }
   if (W > 1) {  // W is the same in the whole block: every thread reaches the barrier
 #pragma unroll
-    for (int j = 0; j < kColsPerLane / 4; ++j)
+    for (int j = 0; j < kVecPerLane; ++j)
+      if (j < vecs)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) part[warp][4 * (lane + j * kWarpSize) + e] = acc[4 * j + e];
+        for (int e = 0; e < 4; ++e) part[warp][4 * (lane + j * kWarpSize) + e] = acc[4 * j + e];
     block_sync();
   }
   if (!valid) return;
@@ -100,30 +127,32 @@ __global__ void __launch_bounds__(kCombineThreads)
       static_cast<T*>(a.out) + b * a.o_stride_batch + t * a.o_stride_token + h * a.o_stride_head;
   if (W == 1) {
 #pragma unroll
-    for (int j = 0; j < kColsPerLane / 4; ++j) {
-      const int col = 4 * (lane + j * kWarpSize);
+    for (int j = 0; j < kVecPerLane; ++j) {
+      if (j < vecs) {
+        const int col = col0 + 4 * (lane + j * kWarpSize);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) out[col + e] = from_float<T>(acc[4 * j + e]);
+        for (int e = 0; e < 4; ++e) out[col + e] = from_float<T>(acc[4 * j + e]);
+      }
     }
   } else {
-    for (int col = tid_row; col < kHeadDimV; col += threads_row) {
+    for (int col = tid_row; col < kHeadDimV / col_splits; col += threads_row) {
       float v = part[lead][col];
       for (int k = 1; k < W; ++k) v += part[lead + k][col];
-      out[col] = from_float<T>(v);
+      out[col0 + col] = from_float<T>(v);
     }
   }
-  if (a.lse != nullptr && tid_row == 0)
+  if (a.lse != nullptr && tid_row == 0 && blockIdx.z == 0)
     a.lse[b * a.lse_stride_batch + t * a.lse_stride_token + h * a.lse_stride_head] = merge.lse();
 }
 
-// The launch decode() makes: grid (batch, row groups), W warps per row.
+// The launch decode() makes: grid (batch, row groups, column slices), W warps per row.
 template <class T>
-inline Status launch_combine(const DecodeArgs& a, const WorkspaceView& ws, int warps_per_row,
+inline Status launch_combine(const DecodeArgs& a, const WorkspaceView& ws, CombineLayout l,
                              Stream stream) {
-  const int rows_per_block = kCombineWarps / warps_per_row;
-  const dim3 grid(a.batch, (a.rows() + rows_per_block - 1) / rows_per_block);
+  const int rows_per_block = kCombineWarps / l.warps_per_row;
+  const dim3 grid(a.batch, (a.rows() + rows_per_block - 1) / rows_per_block, l.col_splits);
   return launch_kernel("combine_kernel", combine_kernel<T>, grid, dim3(kCombineThreads), 0,
-                       stream, a, ws, warps_per_row);
+                       stream, a, ws, l.warps_per_row, l.col_splits);
 }
 
 }  // namespace mlakit::detail
