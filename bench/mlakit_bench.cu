@@ -383,6 +383,34 @@ void BM_host_api(benchmark::State& st) {
   cudaStreamDestroy(stream);
 }
 
+__global__ void empty_kernel(int) {}
+
+// Host cost of one kernel launch as decode() makes it (cudaLaunchKernelExC, 132 x 128
+// threads, an empty kernel): the floor under host_api/decode_enqueue, which makes two or
+// three of them.
+void BM_empty_launch(benchmark::State& st) {
+  cudaStream_t stream;
+  cudaStreamCreate(&stream);
+  int n = 0;
+  for (auto _ : st) {
+    int x = n;
+    void* argv[] = {&x};
+    cudaLaunchConfig_t c = {};
+    c.gridDim = dim3(132);
+    c.blockDim = dim3(128);
+    c.stream = stream;
+    benchmark::DoNotOptimize(
+        cudaLaunchKernelExC(&c, reinterpret_cast<const void*>(empty_kernel), argv));
+    if (++n % 256 == 0) {
+      st.PauseTiming();
+      cudaStreamSynchronize(stream);
+      st.ResumeTiming();
+    }
+  }
+  cudaStreamSynchronize(stream);
+  cudaStreamDestroy(stream);
+}
+
 std::string shape_name(const Shape& s) {
   return std::string("decode/h") + std::to_string(s.heads) + "/q" + std::to_string(s.q_len) + "/" +
          (s.kv == DType::bf16 ? "bf16" : "fp8") + "/b" + std::to_string(s.batch) + "/kv" +
@@ -456,6 +484,8 @@ int main(int argc, char** argv) {
         ->Unit(benchmark::kMicrosecond);
   }
   benchmark::RegisterBenchmark("host_api/decode_enqueue", BM_host_api)
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("host_api/empty_launch", BM_empty_launch)
       ->Unit(benchmark::kMicrosecond);
   int n = int(args.size());
   benchmark::Initialize(&n, args.data());
