@@ -2,6 +2,7 @@
 // on random data with NaN-poisoned outputs, unused pages and page tails.
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <random>
 
 #include "gpu_harness.hpp"
 #include "gpu_require.hpp"
@@ -162,6 +163,62 @@ TEST_CASE("split modes, LSE on and off", "[gpu]") {
       c.seed = 500 + int(s.m) * 100 + s.n + (lse ? 1 : 0);
       check_case(c);
     }
+}
+
+TEST_CASE("self-planned calls leave the planner's plan in the workspace", "[gpu]") {
+  // Automatic mode with up to kSelfPlanMaxBatch requests on a mma.sync policy (16 rows here):
+  // the decode kernel plans for itself. Its output must match the reference and the plan it
+  // stores for the combine (header, RequestPlan[batch]) must equal plan_on_host(). Batch 129
+  // takes the planner kernel: the same checks hold.
+  MLAKIT_REQUIRE_GPU();
+  std::mt19937 rng(0x5e1f);
+  for (int batch : {1, 3, 37, 128, 129}) {
+    Case c;
+    c.heads = 16;
+    c.q_len = 1;
+    c.page_size = 1 + int(rng() % 64);
+    c.kv_lens.resize(batch);
+    for (int& l : c.kv_lens) l = rng() % 4 == 0 ? 0 : int(rng() % 3000);
+    c.kv_lens[rng() % batch] = 20000;  // one long request among short ones: split
+    c.seed = 900 + batch;
+    INFO(c.name());
+    TestProblem P;
+    build(P, c);
+    REQUIRE(P.ok);
+    DeviceBuffer ws(workspace_for(P.dev));
+    Outcome o = run_device(P, ws);
+    INFO(o.status.message());
+    REQUIRE(o.status.is_ok());
+    const auto ref = run_reference(P);
+    compare(P, ref, o);
+    INFO("rel_l2 " << o.rel_l2 << " lse_err " << o.lse_err);
+    CHECK(o.rel_l2 < 1e-2);
+    CHECK(o.lse_err < lse_tolerance(c));
+
+    DeviceInfo dev;
+    REQUIRE(cached_device_info(&dev));
+    const int policy = detail::policy_index(P.dev, dev);
+    const PlanShape shape = detail::plan_shape(P.dev, policy, dev);
+    const detail::WorkspaceLayout wl =
+        detail::workspace_layout(shape, shape.row_tiles * arch::kPolicies[policy].rows);
+    std::vector<int> clamped(batch);
+    for (int b = 0; b < batch; ++b) clamped[b] = P.kv_len[b];  // within capacity by build()
+    const HostPlan h = plan_on_host(shape, clamped.data());
+    int header[3];
+    REQUIRE(gpu_d2h(header, static_cast<char*>(ws.ptr) + wl.plan.header_offset, sizeof header));
+    CHECK(header[0] == h.total);
+    CHECK(header[1] == h.per_cta);
+    CHECK(header[2] == h.partials);
+    CHECK(h.partials > 0);
+    std::vector<RequestPlan> d(batch);
+    REQUIRE(gpu_d2h(d.data(), static_cast<char*>(ws.ptr) + wl.plan.requests_offset,
+                    batch * sizeof(RequestPlan)));
+    for (int b = 0; b < batch; ++b) {
+      INFO("request " << b);
+      CHECK(std::memcmp(&d[b], &h.requests[b], sizeof(RequestPlan)) == 0);
+    }
+    ++g_cases;
+  }
 }
 
 TEST_CASE("length mixes: 0, below q_len, 1 to 100k in one batch", "[gpu]") {

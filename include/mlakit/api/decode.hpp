@@ -180,12 +180,26 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
 #else
   constexpr bool warpgroup = false;
 #endif
+  // The mma.sync kernel plans for itself (no planner launch) in automatic mode for batches
+  // up to kSelfPlanMaxBatch, when the plan's shared memory fits next to the mainloop's (the
+  // 64-row policy's fallback does not; its warpgroup kernel uses the planner).
+  const bool self_plan_fits = !Tr::kWarpgroupPolicy && Tr::kSmemBytes + kSelfPlanBytes +
+                                                           kSelfPlanStaticSlack <=
+                                                       dev.max_smem_optin;
+  const bool self_plan =
+      !warpgroup && self_plan_fits && shape.mode == SplitMode::automatic &&
+      shape.batch <= kSelfPlanMaxBatch;
+  const int smem_bytes = Tr::kSmemBytes + (self_plan ? kSelfPlanBytes : 0);
   if (!warpgroup) {
     if (Tr::kSmemBytes > dev.max_smem_optin)
       return Status(StatusCode::not_supported,
                     "device shared memory per block " + std::to_string(dev.max_smem_optin) + " < " +
                         std::to_string(Tr::kSmemBytes) + " bytes the kernel needs");
-    if (!(s = prepare_kernel<Tr>(decode_kernel<Tr>, Tr::kSmemBytes, dev.device))) return s;
+    // The attribute allows the larger size whenever the device has room for it.
+    if (!(s = prepare_kernel<Tr>(decode_kernel<Tr>,
+                                 Tr::kSmemBytes + (self_plan_fits ? kSelfPlanBytes : 0),
+                                 dev.device)))
+      return s;
   }
 
   KernelArgs k;
@@ -195,11 +209,12 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   k.ws = workspace_view(workspace, wl, rows_padded);
   k.scale_log2 = a.softmax_scale * a.kv_scale * kLog2e;
   k.out_scale = a.kv_scale;
+  k.self_plan = self_plan ? 1 : 0;
 
   // Everything that can fail without a GPU fault has been checked above: from here on only a
   // launch the runtime rejects returns early (inside a stream capture the caller then ends
   // and discards the capture).
-  if (!(s = launch_planner(a, shape, k.ws, stream))) return s;
+  if (!self_plan && !(s = launch_planner(a, shape, k.ws, stream))) return s;
   const dim3 grid(shape.row_tiles, shape.num_ctas);
 #if defined(MLAKIT_PLATFORM_CUDA)
   if constexpr (Tr::kWarpgroupPolicy) {
@@ -207,12 +222,12 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
       s = launch_kernel("decode_kernel_ws", decode_kernel_ws<Tr>, grid,
                         dim3(WsMainloop<Tr>::kThreads), sizeof(WsSharedStorage), stream, k);
     else
-      s = launch_kernel("decode_kernel", decode_kernel<Tr>, grid, dim3(Tr::kThreads),
-                        Tr::kSmemBytes, stream, k);
+      s = launch_kernel("decode_kernel", decode_kernel<Tr>, grid, dim3(Tr::kThreads), smem_bytes,
+                        stream, k);
   } else
 #endif
   {
-    s = launch_kernel("decode_kernel", decode_kernel<Tr>, grid, dim3(Tr::kThreads), Tr::kSmemBytes,
+    s = launch_kernel("decode_kernel", decode_kernel<Tr>, grid, dim3(Tr::kThreads), smem_bytes,
                       stream, k);
   }
   if (!s) return s;

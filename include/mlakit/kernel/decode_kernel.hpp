@@ -30,6 +30,7 @@
 #include "../core/attention_math.hpp"
 #include "../core/plan.hpp"
 #include "../platform/intrinsics.hpp"
+#include "planner_kernel.hpp"
 #include "problem.hpp"
 #include "smem_tile.hpp"
 #include "workspace.hpp"
@@ -705,8 +706,32 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kPolicy.ctas_per_sm)
     extern __shared__ __align__(1024) unsigned char smem[];
     const int row_tile = static_cast<int>(blockIdx.x);
     const int cta = static_cast<int>(blockIdx.y);
-    const CtaPlan cp = p.ws.ctas[cta];
-    const int per_cta = p.ws.header[1];
+    CtaPlan cp;
+    int per_cta;
+    const RequestPlan* requests = p.ws.requests;
+    if (p.self_plan) {
+      // Small automatic-mode batches: every block computes the plan (the planner's passes,
+      // same arithmetic, same result in every block) into shared memory past the mainloop's
+      // bytes, instead of a planner launch. The combine reads the plan from the workspace:
+      // each request's first CTA of row tile 0 stores it there, CTA (0, 0) the header.
+      RequestPlan* req = reinterpret_cast<RequestPlan*>(smem + Tr::kSmemBytes);
+      const BlockPlan bp = plan_requests<Tr::kThreads>(p.a, p.shape, req);
+      per_cta = bp.per_cta;
+      cp = cta_plan_of(req, p.shape.batch, cta, per_cta, bp.total);
+      if (row_tile == 0) {
+        for (int b = static_cast<int>(threadIdx.x); b < p.shape.batch; b += Tr::kThreads)
+          if (req[b].first_cta == cta) p.ws.requests[b] = req[b];
+        if (cta == 0 && threadIdx.x == 0) {
+          p.ws.header[0] = bp.total;
+          p.ws.header[1] = bp.per_cta;
+          p.ws.header[2] = bp.partials;
+        }
+      }
+      requests = req;
+    } else {
+      cp = p.ws.ctas[cta];
+      per_cta = p.ws.header[1];
+    }
     DecodeMainloop<Tr> ml{p,
                           smem,
                           0,
@@ -724,7 +749,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kPolicy.ctas_per_sm)
     if (ml.row0 >= ml.rows) return;
     for (int b = cp.req_begin; b <= cp.req_end; ++b) {
       ml.b = b;
-      const RequestPlan rq = p.ws.requests[b];
+      const RequestPlan rq = requests[b];
       ml.run(rq, piece_of(p.shape, rq, cta, per_cta));
       block_sync();  // shared memory is reused by the next piece
     }

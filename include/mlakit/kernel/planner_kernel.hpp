@@ -16,16 +16,32 @@ inline constexpr int kPlannerThreads = 1024;
 // Batches up to this many requests get a planner block of this size: one pass per scan and
 // fewer threads to synchronise, which shortens the planner on the small-batch latency path.
 inline constexpr int kSmallPlannerThreads = 128;
+// Automatic-mode batches up to this many requests are planned by the mma.sync decode kernel
+// itself (every block, RequestPlan[batch] in shared memory): no planner launch. The slack
+// covers the planner's static shared memory (scan storage) next to the kernel's own.
+inline constexpr int kSelfPlanMaxBatch = 128;
+inline constexpr int kSelfPlanBytes = kSelfPlanMaxBatch * static_cast<int>(sizeof(RequestPlan));
+inline constexpr int kSelfPlanStaticSlack = 1024;
 
-template <int Threads = kPlannerThreads>
-__global__ void __launch_bounds__(Threads)
-    plan_kernel(DecodeArgs a, PlanShape shape, WorkspaceView ws) {
+// The plan's per-request part, computed by one block of `Threads` threads: passes 1-4 below
+// write RequestPlan[batch] to `req` (global memory in plan_kernel, shared memory in a decode
+// kernel that plans for itself) and return the budget per CTA, the total cost and the number
+// of partial slots. Every thread of the block must call it; it ends with a barrier.
+struct BlockPlan {
+  int per_cta;
+  int total;
+  int partials;
+};
+
+template <int Threads>
+__device__ BlockPlan plan_requests(const DecodeArgs& a, const PlanShape& shape,
+                                   RequestPlan* req) {
   using Scan = BlockExclusiveSum<Threads>;
   __shared__ typename Scan::Storage scan_storage;
+  __shared__ int max_cost;
   const int tid = static_cast<int>(threadIdx.x);
 
   // Pass 1: clamped lengths, the sum and the largest of the request costs.
-  __shared__ int max_cost;
   if (tid == 0) max_cost = 0;
   __syncthreads();
   int sum = 0;
@@ -34,7 +50,7 @@ __global__ void __launch_bounds__(Threads)
     int cost = 0;
     if (b < shape.batch) {
       const int len = clamp_kv_len(a.kv_len[b], page_capacity(a, b));
-      ws.requests[b].kv_len = len;  // read back by this same thread below
+      req[b].kv_len = len;  // read back by this same thread below
       cost = request_cost(shape, len);
       atomicMax(&max_cost, cost);  // order-free: the result is deterministic
     }
@@ -44,40 +60,41 @@ __global__ void __launch_bounds__(Threads)
     __syncthreads();
   }
   // max_cost is complete: the loop ends with __syncthreads (batch > 0 whenever it runs).
-  const int per_cta = plan_per_cta(shape, sum, max_cost);
+  BlockPlan out;
+  out.per_cta = plan_per_cta(shape, sum, max_cost);
 
   // Pass 2: CTAs the requests need when each starts at a CTA boundary -> the granule.
   int aligned = 0;
   if (shape.mode == SplitMode::automatic) {
     for (int base = 0; base < shape.batch; base += Threads) {
       const int b = base + tid;
-      const int n =
-          b < shape.batch ? (request_cost(shape, ws.requests[b].kv_len) + per_cta - 1) / per_cta
-                          : 0;
+      const int n = b < shape.batch
+                        ? (request_cost(shape, req[b].kv_len) + out.per_cta - 1) / out.per_cta
+                        : 0;
       int excl = 0, total = 0;
       Scan(scan_storage).run(n, excl, total);
       aligned += total;
       __syncthreads();
     }
   }
-  const int granule = plan_granule(shape, per_cta, aligned);
+  const int granule = plan_granule(shape, out.per_cta, aligned);
 
   // Pass 3: the exclusive scan of the (padded) request costs.
   int carry = 0;
   for (int base = 0; base < shape.batch; base += Threads) {
     const int b = base + tid;
     int cost = 0;
-    if (b < shape.batch) cost = padded_cost(request_cost(shape, ws.requests[b].kv_len), granule);
+    if (b < shape.batch) cost = padded_cost(request_cost(shape, req[b].kv_len), granule);
     int excl = 0, total = 0;
     Scan(scan_storage).run(cost, excl, total);
     if (b < shape.batch) {
-      ws.requests[b].cost_begin = carry + excl;
-      ws.requests[b].cost = cost;
+      req[b].cost_begin = carry + excl;
+      req[b].cost = cost;
     }
     carry += total;
     __syncthreads();
   }
-  const int total_cost = carry;
+  out.total = carry;
 
   // Pass 4: CTAs touching each request, and partial slots of split requests.
   carry = 0;
@@ -86,29 +103,38 @@ __global__ void __launch_bounds__(Threads)
     RequestPlan r{};
     int pieces = 0;
     if (b < shape.batch) {
-      r = ws.requests[b];  // written by this same thread in pass 3
-      request_ctas(r, per_cta);
+      r = req[b];  // written by this same thread in pass 3
+      request_ctas(r, out.per_cta);
       pieces = r.num_pieces > 1 ? r.num_pieces : 0;
     }
     int excl = 0, total = 0;
     Scan(scan_storage).run(pieces, excl, total);
     if (b < shape.batch) {
       r.partial_base = carry + excl;
-      ws.requests[b] = r;
+      req[b] = r;
     }
     carry += total;
     __syncthreads();
   }
+  out.partials = carry;
+  return out;
+}
+
+template <int Threads = kPlannerThreads>
+__global__ void __launch_bounds__(Threads)
+    plan_kernel(DecodeArgs a, PlanShape shape, WorkspaceView ws) {
+  const BlockPlan bp = plan_requests<Threads>(a, shape, ws.requests);
+  const int tid = static_cast<int>(threadIdx.x);
   if (tid == 0) {
-    ws.header[0] = total_cost;
-    ws.header[1] = per_cta;
-    ws.header[2] = carry;
+    ws.header[0] = bp.total;
+    ws.header[1] = bp.per_cta;
+    ws.header[2] = bp.partials;
   }
   __syncthreads();  // every RequestPlan is written before the CTA ranges search them
 
   // Pass 5: request range of every CTA.
   for (int c = tid; c < shape.num_ctas; c += Threads)
-    ws.ctas[c] = cta_plan_of(ws.requests, shape.batch, c, per_cta, total_cost);
+    ws.ctas[c] = cta_plan_of(ws.requests, shape.batch, c, bp.per_cta, bp.total);
 }
 
 }  // namespace mlakit::detail

@@ -55,6 +55,7 @@ struct KernelArgs {
   WorkspaceView ws;
   float scale_log2;  // softmax_scale * kv_scale * log2(e): S in base-2 units
   float out_scale;   // kv_scale, applied to P V once at the end
+  int self_plan = 0;  // 1: the decode kernel computes the plan itself (no planner launch)
 };
 
 }  // namespace mlakit::detail
