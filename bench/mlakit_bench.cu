@@ -339,6 +339,22 @@ void run_shape(benchmark::State& st, Shape s) {
   cudaEventDestroy(e1);
 }
 
+// Times `enqueue()` (host CPU time per call) on `stream`, draining the stream every 256 calls
+// outside the timing so that the launch queue never fills.
+template <class F>
+void time_enqueue(benchmark::State& st, cudaStream_t stream, const F& enqueue) {
+  int n = 0;
+  for (auto _ : st) {
+    enqueue(n);
+    if (++n % 256 == 0) {
+      st.PauseTiming();
+      cudaStreamSynchronize(stream);
+      st.ResumeTiming();
+    }
+  }
+  cudaStreamSynchronize(stream);
+}
+
 // Host cost of decode(): validation + dispatch + launch enqueue, per call.
 void BM_host_api(benchmark::State& st) {
   Shape s{16, 8, DType::fp8_e4m3fn, 128, 8192, 1};
@@ -370,16 +386,8 @@ void BM_host_api(benchmark::State& st) {
   cudaStreamCreate(&stream);
   decode(a, ws.ptr, ws.bytes, stream);  // kv_len 0: kernels do almost nothing
   cudaStreamSynchronize(stream);
-  int n = 0;
-  for (auto _ : st) {
-    benchmark::DoNotOptimize(decode(a, ws.ptr, ws.bytes, stream));
-    if (++n % 256 == 0) {
-      st.PauseTiming();
-      cudaStreamSynchronize(stream);
-      st.ResumeTiming();
-    }
-  }
-  cudaStreamSynchronize(stream);
+  time_enqueue(st, stream,
+               [&](int) { benchmark::DoNotOptimize(decode(a, ws.ptr, ws.bytes, stream)); });
   cudaStreamDestroy(stream);
 }
 
@@ -391,23 +399,15 @@ __global__ void empty_kernel(int) {}
 void BM_empty_launch(benchmark::State& st) {
   cudaStream_t stream;
   cudaStreamCreate(&stream);
-  int n = 0;
-  for (auto _ : st) {
-    int x = n;
-    void* argv[] = {&x};
+  time_enqueue(st, stream, [&](int n) {
+    void* argv[] = {&n};
     cudaLaunchConfig_t c = {};
     c.gridDim = dim3(132);
     c.blockDim = dim3(128);
     c.stream = stream;
     benchmark::DoNotOptimize(
         cudaLaunchKernelExC(&c, reinterpret_cast<const void*>(empty_kernel), argv));
-    if (++n % 256 == 0) {
-      st.PauseTiming();
-      cudaStreamSynchronize(stream);
-      st.ResumeTiming();
-    }
-  }
-  cudaStreamSynchronize(stream);
+  });
   cudaStreamDestroy(stream);
 }
 
