@@ -57,9 +57,9 @@ std::string run_planner(const PlannerCase& c) {
   shape.row_tiles = c.row_tiles;
   shape.mode = c.mode;
   shape.fixed_splits = c.mode == SplitMode::fixed ? c.splits : 1;
-  shape.ctas_per_sm = 1 + batch % 2;  // both values the policies use
+  // 1 + batch % 2 CTAs per SM: both values the policies use.
   shape.num_ctas =
-      plan_num_ctas(c.mode, shape.fixed_splits, batch, c.row_tiles, c.sms, shape.ctas_per_sm);
+      plan_num_ctas(c.mode, shape.fixed_splits, batch, c.row_tiles, c.sms, 1 + batch % 2);
 
   // Host plan from lengths clamped to each request's page capacity.
   std::vector<std::int32_t> indptr(batch + 1, 0);
@@ -211,9 +211,9 @@ void check_combine_once(const CombineCase& c) {
   shape.row_tiles = (rows + rpc - 1) / rpc;
   shape.mode = c.mode;
   shape.fixed_splits = c.mode == SplitMode::fixed ? c.splits : 1;
-  shape.ctas_per_sm = arch::kPolicies[arch::policy_index_for_rows(rows)].ctas_per_sm;
-  shape.num_ctas = plan_num_ctas(c.mode, shape.fixed_splits, batch, shape.row_tiles, c.sms,
-                                 shape.ctas_per_sm);
+  shape.num_ctas =
+      plan_num_ctas(c.mode, shape.fixed_splits, batch, shape.row_tiles, c.sms,
+                    arch::kPolicies[arch::policy_index_for_rows(rows)].ctas_per_sm);
   const HostPlan h = plan_on_host(shape, c.lens.data());
   const int rows_padded = shape.row_tiles * rpc;
   const detail::WorkspaceLayout wl = detail::workspace_layout(shape, rows_padded);

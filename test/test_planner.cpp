@@ -247,8 +247,8 @@ TEST_CASE("planner: coverage, balance and capacity on random length mixes", "[pl
     p.row_tiles = 1 + int(g() % 64);
     p.fixed_splits = p.mode == SplitMode::fixed ? 1 + int(g() % kMaxSplits) : 1;
     const int sms = trial % 2 ? 132 : 304;
-    p.ctas_per_sm = 1 + (trial / 2) % 2;
-    p.num_ctas = plan_num_ctas(p.mode, p.fixed_splits, batch, p.row_tiles, sms, p.ctas_per_sm);
+    const int per_sm = 1 + (trial / 2) % 2;
+    p.num_ctas = plan_num_ctas(p.mode, p.fixed_splits, batch, p.row_tiles, sms, per_sm);
     const std::string e = check_plan(p, lens, &stats);
     if (!e.empty()) {
       INFO("trial " << trial << " " << mode_name(p.mode) << " batch " << batch << " kind " << kind
@@ -318,8 +318,7 @@ TEST_CASE("planner: equal lengths split into equal pieces, or not at all", "[pla
     p.batch = c.batch;
     p.mode = SplitMode::automatic;
     p.row_tiles = c.row_tiles;
-    p.ctas_per_sm = c.per_sm;
-    p.num_ctas = plan_num_ctas(p.mode, 1, p.batch, p.row_tiles, 132, p.ctas_per_sm);
+    p.num_ctas = plan_num_ctas(p.mode, 1, p.batch, p.row_tiles, 132, c.per_sm);
     const std::vector<int> lens(c.batch, c.len);
     INFO("batch " << c.batch << " kv_len " << c.len << " row tiles " << c.row_tiles
                   << " per SM " << c.per_sm << " CTAs " << p.num_ctas);
@@ -358,8 +357,7 @@ TEST_CASE("planner: one grid serves every step (num_ctas never depends on kv_len
     p.mode = SplitMode(trial % 3);
     p.row_tiles = 1 + int(g() % 64);
     p.fixed_splits = 1 + int(g() % 64);
-    p.ctas_per_sm = 1 + trial % 2;
-    p.num_ctas = plan_num_ctas(p.mode, p.fixed_splits, p.batch, p.row_tiles, 132, p.ctas_per_sm);
+    p.num_ctas = plan_num_ctas(p.mode, p.fixed_splits, p.batch, p.row_tiles, 132, 1 + trial % 2);
     for (int step = 0; step < 8; ++step) {
       const std::string e = check_plan(p, random_lengths(g, p.batch, step % 7), nullptr);
       INFO("trial " << trial << " step " << step << ": " << e);

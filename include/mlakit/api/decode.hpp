@@ -30,9 +30,8 @@ inline PlanShape plan_shape(const DecodeArgs& a, int policy, const DeviceInfo& d
   s.row_tiles = (a.rows() + tp.rows - 1) / tp.rows;
   s.mode = a.split_mode;
   s.fixed_splits = a.split_mode == SplitMode::fixed ? a.num_splits : 1;
-  s.ctas_per_sm = tp.ctas_per_sm;
   s.num_ctas =
-      plan_num_ctas(s.mode, s.fixed_splits, s.batch, s.row_tiles, dev.sm_count, s.ctas_per_sm);
+      plan_num_ctas(s.mode, s.fixed_splits, s.batch, s.row_tiles, dev.sm_count, tp.ctas_per_sm);
   return s;
 }
 
@@ -183,12 +182,11 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   // The mma.sync kernel plans for itself (no planner launch) in automatic mode for batches
   // up to kSelfPlanMaxBatch, when the plan's shared memory fits next to the mainloop's (the
   // 64-row policy's fallback does not; its warpgroup kernel uses the planner).
-  const bool self_plan_fits = !Tr::kWarpgroupPolicy && Tr::kSmemBytes + kSelfPlanBytes +
-                                                           kSelfPlanStaticSlack <=
-                                                       dev.max_smem_optin;
-  const bool self_plan =
-      !warpgroup && self_plan_fits && shape.mode == SplitMode::automatic &&
-      shape.batch <= kSelfPlanMaxBatch;
+  const bool self_plan_fits =
+      !Tr::kWarpgroupPolicy &&
+      Tr::kSmemBytes + kSelfPlanBytes + kSelfPlanStaticSlack <= dev.max_smem_optin;
+  const bool self_plan = !warpgroup && self_plan_fits && shape.mode == SplitMode::automatic &&
+                         shape.batch <= kSelfPlanMaxBatch;
   const int smem_bytes = Tr::kSmemBytes + (self_plan ? kSelfPlanBytes : 0);
   if (!warpgroup) {
     if (Tr::kSmemBytes > dev.max_smem_optin)

@@ -66,8 +66,9 @@ constexpr int policy_index_for_rows(int rows) {
 // 478 -> 372 us at page 64, 556 -> 394 at page 1; docs/performance.md). fp8 and other
 // converted KV keep the 32-row tile, which is faster for them (q_len 2 fp8 413 us there, the
 // 64-row tile 479 us at q_len 4). The launch uses this function; workspace_bytes() sizes for
-// the larger plan of the two candidates whatever the dtypes. A program built without sm_90a code runs the 64-row
-// policy's mma.sync fallback there: correct, but slower than the 32-row tile would be.
+// the larger plan of the two candidates whatever the dtypes. A program built without sm_90a
+// code runs the 64-row policy's mma.sync fallback there: correct, but slower than the 32-row
+// tile would be.
 constexpr int policy_index_for(int rows, bool direct_kv, int arch) {
   const int i = policy_index_for_rows(rows);
   if (direct_kv && arch == 90 && kPolicies[i].rows == 32 &&

@@ -3,8 +3,8 @@
 //
 // Every request b gets a cost interval [prefix[b], prefix[b] + cost[b]) on one line; the line
 // [0, total) is cut into intervals of `per_cta` units, one per CTA (per row tile), with
-// per_cta x num_ctas >= total (CTAs past the total have no work). A CTA processes, in order, the pieces of every request whose interval meets its own,
-// so KV work is balanced whatever the lengths, and the grid depends only on batch, rows and
+// per_cta x num_ctas >= total (CTAs past the total have no work). A CTA processes, in order,
+// the pieces of every request whose interval meets its own, so KV work is balanced whatever the lengths, and the grid depends only on batch, rows and
 // the device, never on kv_len values (one captured graph serves every decode step).
 //
 // Modes: automatic costs a request kOverheadUnits + ceil(kv_len / kPlanTokens) units (the
@@ -40,7 +40,6 @@ struct PlanShape {
   int num_ctas = 0;   // CTAs along the KV dimension (the planner's G)
   SplitMode mode = SplitMode::automatic;
   int fixed_splits = 1;
-  int ctas_per_sm = 1;  // automatic mode: CTAs per SM the plan aims for (the tile policy's)
 
   // Upper bound on pieces that belong to split requests: each CTA is the first or last CTA
   // of at most two split requests, and a request strictly inside a CTA's range is unsplit.

@@ -29,6 +29,12 @@ inline constexpr int kCombineMaxColSplits = kHeadDimV / kWarpSize / 4;
 struct CombineLayout {
   int warps_per_row = 1;  // W
   int col_splits = 1;     // C
+
+  // Blocks along the row dimension for `rows` rows per request (grid.y).
+  int row_groups(int rows) const {
+    const int rows_per_block = kCombineWarps / warps_per_row;
+    return (rows + rows_per_block - 1) / rows_per_block;
+  }
 };
 
 // Layout for a plan over `rows` rows per request on `sm_count` SMs: about one warp per four
@@ -41,9 +47,7 @@ inline CombineLayout combine_layout(const PlanShape& shape, int rows, int sm_cou
   const int avg = shape.batch > 0 ? (shape.num_ctas + shape.batch - 1) / shape.batch : 1;
   CombineLayout l;
   while (l.warps_per_row < kCombineWarps && 4 * l.warps_per_row < avg) l.warps_per_row *= 2;
-  const int rows_per_block = kCombineWarps / l.warps_per_row;
-  const std::int64_t blocks =
-      std::int64_t(shape.batch) * ((rows + rows_per_block - 1) / rows_per_block);
+  const std::int64_t blocks = std::int64_t(shape.batch) * l.row_groups(rows);
   while (l.col_splits < kCombineMaxColSplits && 4 * l.warps_per_row * l.col_splits < avg &&
          2 * blocks * l.col_splits <= sm_count)
     l.col_splits *= 2;
@@ -149,8 +153,7 @@ __global__ void __launch_bounds__(kCombineThreads)
 template <class T>
 inline Status launch_combine(const DecodeArgs& a, const WorkspaceView& ws, CombineLayout l,
                              Stream stream) {
-  const int rows_per_block = kCombineWarps / l.warps_per_row;
-  const dim3 grid(a.batch, (a.rows() + rows_per_block - 1) / rows_per_block, l.col_splits);
+  const dim3 grid(a.batch, l.row_groups(a.rows()), l.col_splits);
   return launch_kernel("combine_kernel", combine_kernel<T>, grid, dim3(kCombineThreads), 0,
                        stream, a, ws, l.warps_per_row, l.col_splits);
 }

@@ -721,11 +721,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kPolicy.ctas_per_sm)
       if (row_tile == 0) {
         for (int b = static_cast<int>(threadIdx.x); b < p.shape.batch; b += Tr::kThreads)
           if (req[b].first_cta == cta) p.ws.requests[b] = req[b];
-        if (cta == 0 && threadIdx.x == 0) {
-          p.ws.header[0] = bp.total;
-          p.ws.header[1] = bp.per_cta;
-          p.ws.header[2] = bp.partials;
-        }
+        if (cta == 0 && threadIdx.x == 0) store_plan_header(p.ws, bp);
       }
       requests = req;
     } else {

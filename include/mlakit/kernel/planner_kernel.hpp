@@ -120,16 +120,19 @@ __device__ BlockPlan plan_requests(const DecodeArgs& a, const PlanShape& shape,
   return out;
 }
 
+// The workspace header of a plan: total cost, budget per CTA, partial slots used.
+__device__ inline void store_plan_header(const WorkspaceView& ws, const BlockPlan& bp) {
+  ws.header[0] = bp.total;
+  ws.header[1] = bp.per_cta;
+  ws.header[2] = bp.partials;
+}
+
 template <int Threads = kPlannerThreads>
 __global__ void __launch_bounds__(Threads)
     plan_kernel(DecodeArgs a, PlanShape shape, WorkspaceView ws) {
   const BlockPlan bp = plan_requests<Threads>(a, shape, ws.requests);
   const int tid = static_cast<int>(threadIdx.x);
-  if (tid == 0) {
-    ws.header[0] = bp.total;
-    ws.header[1] = bp.per_cta;
-    ws.header[2] = bp.partials;
-  }
+  if (tid == 0) store_plan_header(ws, bp);
   __syncthreads();  // every RequestPlan is written before the CTA ranges search them
 
   // Pass 5: request range of every CTA.
