@@ -135,9 +135,11 @@ struct RingPipeline {
 // Hardware barrier ids of the warp-specialized mainloop (0 is __syncthreads).
 enum class NamedBarrier : int {
   consumers = 1,  // both consumer warpgroups (Q loaded, epilogue exchange, piece boundary)
-  p_ready_a = 2,  // warpgroup 0 published P and the row max of the even tile of a pair
-  p_ready_b = 3,  // warpgroup 1 published P and the row max of the odd tile of a pair
+  max_a = 2,      // warpgroup 0 published the running max after the even tile of a pair
+  max_b = 3,      // warpgroup 1 published the running max after the odd tile
   producer = 4,   // the producer warpgroup (in-place fp8 conversion steps)
+  p_a = 5,        // warpgroup 0 published P of the even tile (scaled to the pair's max)
+  pb_issued = 6,  // warpgroup 1 published P of the odd tile and issued both its P V
 };
 
 __device__ __forceinline__ void named_sync(NamedBarrier id, int threads) {
@@ -163,6 +165,11 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 }
 
 // 16-byte shared-memory load and store at a shared address.
+__device__ __forceinline__ std::uint32_t lds32(std::uint32_t addr) {
+  std::uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
 __device__ __forceinline__ uint4 lds128(std::uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
@@ -170,6 +177,9 @@ __device__ __forceinline__ uint4 lds128(std::uint32_t addr) {
                : "r"(addr)
                : "memory");
   return v;
+}
+__device__ __forceinline__ void sts32(std::uint32_t addr, std::uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 __device__ __forceinline__ void sts128(std::uint32_t addr, const uint4& v) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y),

@@ -181,6 +181,22 @@ struct Wgmma {
 #endif
   }
 
+  // D[64 x 64] (+)= A[64 x 16] B[16 x 64], A from registers (the fragment of mma_rs_n256_tb),
+  // B K-major through a descriptor.
+  __device__ static void mma_rs_n64(float (&d)[32], const std::uint32_t (&a)[4],
+                                    std::uint64_t desc_b, bool accumulate) {
+#if defined(MLAKIT_WGMMA_ENABLED)
+    if constexpr (kBf16)
+      MLAKIT_WGMMA_RS("m64n64k16", "bf16", MLAKIT_WGMMA_REGS32, "{%32,%33,%34,%35}", "%36", "%37",
+                      "0", MLAKIT_WGMMA_OUT32);
+    else
+      MLAKIT_WGMMA_RS("m64n64k16", "f16", MLAKIT_WGMMA_REGS32, "{%32,%33,%34,%35}", "%36", "%37",
+                      "0", MLAKIT_WGMMA_OUT32);
+#else
+    (void)d, (void)a, (void)desc_b, (void)accumulate;
+#endif
+  }
+
   // D[64 x 256] (+)= A[64 x 16] B[16 x 256], A from registers (a[0..3]: rows g / g + 8 of
   // the warp's 16, columns 2t.. and 2t + 8..), B MN-major (transposed) through a descriptor.
   __device__ static void mma_rs_n256_tb(float (&d)[128], const std::uint32_t (&a)[4],

@@ -73,9 +73,9 @@ struct WsSharedStorage {
 };
 struct alignas(1024) WsStaticStorage {
   using Pipeline = arch::RingPipeline<2, 9, 2, 128>;
-  // Running max after tile A / tile B of a pair, in a slot per pair parity: a slot is
-  // rewritten two pairs after it was read, so no write can meet a read of the previous pair.
-  float row_max[2][2][64];
+  // Running max after tile A (slot 2 k) / tile B (slot 2 k + 1) of a pair, k = pair parity:
+  // a slot is rewritten two pairs after it was read.
+  float row_max[4][64];
   float row_sum[2][64];  // epilogue: l of each consumer warpgroup
   float q_scale[64];     // e4m3 operand mode: 2^-e of each Q row
   Pipeline::Storage bars;
@@ -93,10 +93,18 @@ struct WsMainloop {
   static constexpr int kThreads = 384;
   static constexpr int kConsumerThreads = 256;
   static constexpr int kProducerThreads = 128;
-  // Converting producers (fp8, other 16-bit KV) get more registers: measured, fp8 q_len 8 page 1
-  // 965 -> 895 us with 224 / 56 instead of 232 / 40 (H200).
+  // The e4m3fn producer (hardware conversion) gets more registers: measured, fp8 q_len 8 page 1
+  // 965 -> 895 us with 224 / 56 instead of 232 / 40 (H200), and so do the dynamic-dtype
+  // kernels (ptxas -v: their consumers spill 28-72 bytes at 224, their producers more at 40).
+  // The bf16 / fp16 kernels need 232 for their consumers (no spills there).
   static constexpr int kConsumerRegs = Tr::kDirect ? 232 : 224;
   static constexpr int kProducerRegs = Tr::kDirect ? 40 : 56;
+  // setmaxnreg.inc waits until the CTA's pool has the registers: the pool is what the launch
+  // bounds gave every thread (168 = 65536 / 384 rounded down to 8), so the split must fit it
+  // or the consumers wait forever.
+  static_assert(kConsumerThreads * kConsumerRegs + kProducerThreads * kProducerRegs <=
+                    kThreads * 168,
+                "the register split exceeds the CTA's allocation");
   static constexpr int kChunkBytes = Tile::kChunkBytes;  // 64 tokens x 64 columns, 8 KB
   static constexpr int kLo = 0, kHi = 1;                 // release groups: chunks 0-3, 4-8
   // fp8: the raw bytes of chunks [C0, C1) sit at the top of those chunks' converted region.
@@ -165,55 +173,84 @@ struct WsMainloop {
     }
   }
 
+  // Tiles come in pairs (A in stage 0, B in stage 1), and the halves of a pair are refilled
+  // in the order the consumers release them: A-lo, B-hi, A-hi, B-lo (consume_a / consume_b).
+  // fp8 KV: each half's raw copies are issued as soon as it is released and converted while
+  // the next half's copies are in flight.
   __device__ void produce(const Range& r, State& st) const {
-    const int n_tiles = 2 * r.n_pairs;
-    if (n_tiles == 0) return;
+    if (r.n_pairs == 0) return;
     const Pipeline pipe{sv.bars};
     const int tid = static_cast<int>(threadIdx.x) - kConsumerThreads;  // 0..127
     const std::int32_t* table = m.page_table();
     const int last = r.kv_end - 1;
-    int id[4] = {0, 0, 0, 0}, id_next[4] = {0, 0, 0, 0};
-    fetch_pages(table, r.kv_begin, last, tid, id);
-    for (int i = 0; i < n_tiles; ++i, st.advance()) {
-      const int kt = r.kv_begin + 64 * i;
+    int id_a[4] = {0, 0, 0, 0}, id_b[4] = {0, 0, 0, 0};
+    fetch_pages(table, r.kv_begin, last, tid, id_a);
+    fetch_pages(table, r.kv_begin + 64, last, tid, id_b);
+    for (int pair = 0; pair < r.n_pairs; ++pair) {
+      const int kt = r.kv_begin + 128 * pair;
       const unsigned char* src[4];
-      rows_of(kt, r.kv_end, tid, id, src);
-      const bool more = i + 1 < n_tiles && kt + 64 < r.kv_end;
-      if (more) fetch_pages(table, kt + 64, last, tid, id_next);  // in flight while waiting
-      unsigned char* stage = ss.kv[st.stage()];
+      rows_of(kt, r.kv_end, tid, id_a, src);
+      const ThreadRows da = thread_rows(src, tid);
+      rows_of(kt + 64, r.kv_end, tid, id_b, src);
+      const ThreadRows db = thread_rows(src, tid);
+      if (pair + 1 < r.n_pairs) {  // in flight while waiting
+        fetch_pages(table, kt + 128, last, tid, id_a);
+        fetch_pages(table, kt + 192, last, tid, id_b);
+      }
+      const State sa = st;
+      st.advance();
+      const State sb = st;
+      st.advance();
+      unsigned char* stage_a = ss.kv[0];
+      unsigned char* stage_b = ss.kv[1];
 #if defined(MLAKIT_WS_EXPERIMENT) && MLAKIT_WS_EXPERIMENT == 1
       if (true) {
-        pipe.producer_acquire(st, kLo);
-        for (int c = 0; c < 4; ++c) pipe.producer_commit(st, c);
-        pipe.producer_acquire(st, kHi);
-        for (int c = 4; c < 9; ++c) pipe.producer_commit(st, c);
+        pipe.producer_acquire(sa, kLo);
+        for (int c = 0; c < 4; ++c) pipe.producer_commit(sa, c);
+        pipe.producer_acquire(sb, kHi);
+        for (int c = 4; c < 9; ++c) pipe.producer_commit(sb, c);
+        pipe.producer_acquire(sa, kHi);
+        for (int c = 4; c < 9; ++c) pipe.producer_commit(sa, c);
+        pipe.producer_acquire(sb, kLo);
+        for (int c = 0; c < 4; ++c) pipe.producer_commit(sb, c);
       } else
 #endif
       if constexpr (Tr::kDirect) {
-        const ThreadRows d = thread_rows(src, tid);
-        pipe.producer_acquire(st, kLo);
-        load_direct<0, 4>(stage, d, pipe, st, tid);
-        pipe.producer_acquire(st, kHi);
-        load_direct<4, 9>(stage, d, pipe, st, tid);
+        pipe.producer_acquire(sa, kLo);
+        load_direct<0, 4>(stage_a, da, pipe, sa, tid);
+        pipe.producer_acquire(sb, kHi);
+        load_direct<4, 9>(stage_b, db, pipe, sb, tid);
+        pipe.producer_acquire(sa, kHi);
+        load_direct<4, 9>(stage_a, da, pipe, sa, tid);
+        pipe.producer_acquire(sb, kLo);
+        load_direct<0, 4>(stage_b, db, pipe, sb, tid);
       } else if (m.kv_bytes == 1) {
-        // Both halves' raw bytes in flight before the first conversion.
-        const ThreadRows d = thread_rows(src, tid);
-        pipe.producer_acquire(st, kLo);
-        copy_raw<0, 4>(stage, d, tid);
-        pipe.producer_acquire(st, kHi);
-        copy_raw<4, 9>(stage, d, tid);
+        pipe.producer_acquire(sa, kLo);
+        copy_raw<0, 4>(stage_a, da, tid);
+        pipe.producer_acquire(sb, kHi);
+        copy_raw<4, 9>(stage_b, db, tid);
         Copy::template wait<1>();
-        convert_fp8<0, 4>(stage, pipe, st, tid);
+        convert_fp8<0, 4>(stage_a, pipe, sa, tid);
+        pipe.producer_acquire(sa, kHi);
+        copy_raw<4, 9>(stage_a, da, tid);
+        Copy::template wait<1>();
+        convert_fp8<4, 9>(stage_b, pipe, sb, tid);
+        pipe.producer_acquire(sb, kLo);
+        copy_raw<0, 4>(stage_b, db, tid);
+        Copy::template wait<1>();
+        convert_fp8<4, 9>(stage_a, pipe, sa, tid);
         Copy::template wait<0>();
-        convert_fp8<4, 9>(stage, pipe, st, tid);
+        convert_fp8<0, 4>(stage_b, pipe, sb, tid);
       } else {
-        pipe.producer_acquire(st, kLo);
-        load_convert16<0, 4>(stage, src, pipe, st, tid);
-        pipe.producer_acquire(st, kHi);
-        load_convert16<4, 9>(stage, src, pipe, st, tid);
+        pipe.producer_acquire(sa, kLo);
+        load_convert16<0, 4>(stage_a, da, pipe, sa, tid);
+        pipe.producer_acquire(sb, kHi);
+        load_convert16<4, 9>(stage_b, db, pipe, sb, tid);
+        pipe.producer_acquire(sa, kHi);
+        load_convert16<4, 9>(stage_a, da, pipe, sa, tid);
+        pipe.producer_acquire(sb, kLo);
+        load_convert16<0, 4>(stage_b, db, pipe, sb, tid);
       }
-#pragma unroll
-      for (int k = 0; k < 4; ++k) id[k] = id_next[k];
     }
   }
 
@@ -375,16 +412,17 @@ struct WsMainloop {
 
   // 16-bit KV of the other type, chunks [C0, C1): load, convert, store, chunk by chunk.
   template <int C0, int C1>
-  __device__ void load_convert16(unsigned char* stage, const unsigned char* const (&src)[4],
-                                 const Pipeline& pipe, const State& st, int tid) const {
+  __device__ void load_convert16(unsigned char* stage, const ThreadRows& d, const Pipeline& pipe,
+                                 const State& st, int tid) const {
 #pragma unroll 1
     for (int c = C0; c < C1; ++c) {
       const int unit = 8 * c + tid % 8;
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const int tok = tid / 8 + 16 * k;
-        const uint4 raw = src[k] != nullptr
-                              ? __ldg(reinterpret_cast<const uint4*>(src[k]) + unit)
+        // d.src[k] already points at this thread's 16-byte column of chunk 0.
+        const uint4 raw = d.bytes[k] != 0u
+                              ? __ldg(reinterpret_cast<const uint4*>(d.src[k] + 128 * c))
                               : uint4{0, 0, 0, 0};
         *reinterpret_cast<uint4*>(stage + Tile::unit_offset(tok, unit)) =
             arch::convert_16x8<T>(m.kv, raw);
@@ -428,20 +466,51 @@ struct WsMainloop {
     arch::fence_proxy_async_smem();
   }
 
-  // Issues S = Q K^T (64 rows x 64 keys over 576) for the tile of `st`, waiting for each
-  // 64-column chunk of K right before its four k-steps.
-  __device__ void issue_s(float (&s)[32], const State& st) const {
+
+  // Q's rope columns (chunk 8 of sQ, columns 512..575) as the register A fragments of the
+  // four k-steps of S's last chunk: rq[4 j .. 4 j + 3] is k-step j (the layout of pf). With
+  // them in registers, chunk 8 of sQ is free to hold P of tile B (sp_b()).
+  __device__ void load_q_rope(std::uint32_t (&rq)[16], int wi, int g, int t) const {
+    const std::uint32_t q = smem_u32(ss.q);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = 16 * wi + g + 8 * (i & 1), unit = 64 + 2 * j + (i >> 1);
+        rq[4 * j + i] = arch::lds32(q + Tile::unit_offset(r, unit) + 4 * t);
+      }
+    }
+  }
+  // P of tile A (K-major [64 x 64], 128-byte swizzle) and of tile B (Q's chunk 8).
+  __device__ std::uint32_t sp_a() const { return smem_u32(ss.p); }
+  __device__ std::uint32_t sp_b() const { return smem_u32(ss.q) + 8 * kChunkBytes; }
+
+  // Issues chunks [C0, C1) of S = Q K^T (64 rows x 64 keys) for the tile of `st` as one
+  // commit group, waiting for each 64-column chunk of K right before its four k-steps; chunk
+  // 8 takes Q from registers. `init`: the first k-step overwrites s.
+  template <int C0, int C1>
+  __device__ void issue_s(float (&s)[32], const State& st, const std::uint32_t (&rq)[16],
+                          bool init) const {
     const Pipeline pipe{sv.bars};
-    const std::uint32_t q_addr = smem_u32(ss.q), kv_addr = smem_u32(ss.kv[st.stage()]);
+    // Opaque here, so that the 32 loop-invariant descriptors of Q are formed at each use
+    // instead of being hoisted out of the consumer loops (64 registers).
+    std::uint32_t q_addr = smem_u32(ss.q), kv_addr = smem_u32(ss.kv[st.stage()]);
+    asm volatile("" : "+r"(q_addr), "+r"(kv_addr));
     arch::wgmma_fence();
 #pragma unroll
-    for (int c = 0; c < 9; ++c) {
+    for (int c = C0; c < C1; ++c) {
       pipe.consumer_wait(st, c);
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const std::uint32_t off = c * kChunkBytes + k * 32;
-        W::mma_ss_n64(s, arch::wgmma_desc(q_addr + off, 16, 1024),
-                      arch::wgmma_desc(kv_addr + off, 16, 1024), c + k > 0);
+        const bool acc = !(init && c == C0 && k == 0);
+        if (c == 8) {
+          const std::uint32_t a[4] = {rq[4 * k], rq[4 * k + 1], rq[4 * k + 2], rq[4 * k + 3]};
+          W::mma_rs_n64(s, a, arch::wgmma_desc(kv_addr + off, 16, 1024), acc);
+        } else {
+          W::mma_ss_n64(s, arch::wgmma_desc(q_addr + off, 16, 1024),
+                        arch::wgmma_desc(kv_addr + off, 16, 1024), acc);
+        }
       }
     }
     arch::wgmma_commit();
@@ -450,6 +519,7 @@ struct WsMainloop {
   // O[:, 256 wg ..] += P V for the tile of `st`, P from registers (this warpgroup's tile).
   __device__ static void issue_pv_regs(float (&o)[128], const std::uint32_t (&pf)[16],
                                        std::uint32_t kv_addr, int wg) {
+    asm volatile("" : "+r"(kv_addr));  // descriptors formed here, not hoisted (registers)
     arch::wgmma_fence();
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -460,9 +530,10 @@ struct WsMainloop {
     }
     arch::wgmma_commit();
   }
-  // The same with P from sP (the other warpgroup's tile).
-  __device__ void issue_pv_smem(float (&o)[128], std::uint32_t kv_addr, int wg) const {
-    const std::uint32_t p_addr = smem_u32(ss.p);
+  // The same with P from shared memory at p_addr (the other warpgroup's tile).
+  __device__ static void issue_pv_smem(float (&o)[128], std::uint32_t p_addr,
+                                       std::uint32_t kv_addr, int wg) {
+    asm volatile("" : "+r"(p_addr), "+r"(kv_addr));  // as in issue_pv_regs
     arch::wgmma_fence();
 #pragma unroll
     for (int j = 0; j < 4; ++j)
@@ -473,32 +544,35 @@ struct WsMainloop {
   }
 
   // Online softmax of one tile's scores. s[i]: row slot h = (i >> 1) & 1 (rows g, g + 8 of
-  // the warp's 16), key 8 (i >> 2) + 2t + (i & 1). Updates m_run and l_run, returns the
-  // factor alpha that rescales the earlier O and writes P (compute type) to pf: pf[k] holds
-  // keys of s[2k], s[2k + 1], which is the wgmma A fragment of k-step k / 4.
+  // the warp's 16), key 8 (i >> 2) + 2t + (i & 1). The new running max is the larger of
+  // m_floor (>= m_run: this warpgroup's running max, or the one the other warpgroup just
+  // published) and the tile's max. Returns alpha = exp2(m_run - new max), which rescales the
+  // earlier O and l, overwrites s with P in fp32 and writes P (compute type) to pf: pf[k]
+  // holds keys of s[2k], s[2k + 1], which is the wgmma A fragment of k-step k / 4.
   struct Softmax {
     float m_run[2], l_run[2], sc[2];
     int row_limit[2];
   };
-  __device__ static void softmax(const float (&s)[32], int kt, bool need_mask, int t, Softmax& sm,
-                                 float (&alpha)[2], std::uint32_t (&pf)[16]) {
-    float x[32], mt[2] = {neg_inf(), neg_inf()};
+  __device__ static void softmax(float (&s)[32], int kt, bool need_mask, int t, Softmax& sm,
+                                 const float (&m_floor)[2], float (&alpha)[2],
+                                 std::uint32_t (&pf)[16]) {
+    float mt[2] = {neg_inf(), neg_inf()};
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
       const int h = (i >> 1) & 1;
-      x[i] = s[i] * sm.sc[h];
+      s[i] *= sm.sc[h];
       if (need_mask) {
         const int key = kt + 8 * (i >> 2) + 2 * t + (i & 1);
-        if (key >= sm.row_limit[h]) x[i] = neg_inf();
+        if (key >= sm.row_limit[h]) s[i] = neg_inf();
       }
-      mt[h] = fmaxf(mt[h], x[i]);
+      mt[h] = fmaxf(mt[h], s[i]);
     }
     float m_use[2], lsum[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       mt[h] = fmaxf(mt[h], shfl_xor(mt[h], 1));
       mt[h] = fmaxf(mt[h], shfl_xor(mt[h], 2));
-      const float m_new = fmaxf(sm.m_run[h], mt[h]);
+      const float m_new = fmaxf(m_floor[h], mt[h]);
       // A row with no visible key so far keeps m = -inf; exponentiate against 0 instead.
       m_use[h] = m_new == neg_inf() ? 0.0f : m_new;
       alpha[h] = fast_exp2(sm.m_run[h] - m_use[h]);
@@ -507,9 +581,10 @@ struct WsMainloop {
 #pragma unroll
     for (int k = 0; k < 16; ++k) {
       const int h = k & 1;
-      const float p0 = fast_exp2(x[2 * k] - m_use[h]), p1 = fast_exp2(x[2 * k + 1] - m_use[h]);
-      lsum[h] += p0 + p1;
-      pf[k] = arch::pack2<T>(p0, p1);
+      s[2 * k] = fast_exp2(s[2 * k] - m_use[h]);
+      s[2 * k + 1] = fast_exp2(s[2 * k + 1] - m_use[h]);
+      lsum[h] += s[2 * k] + s[2 * k + 1];
+      pf[k] = arch::pack2<T>(s[2 * k], s[2 * k + 1]);
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) sm.l_run[h] = sm.l_run[h] * alpha[h] + lsum[h];
@@ -531,110 +606,161 @@ struct WsMainloop {
     for (int i = 0; i < 128; ++i) o[i] *= f[(i >> 1) & 1];
   }
 
-  // P (registers) -> sP, a K-major [64 x 64] tile with the 128-byte swizzle.
-  __device__ void store_p(const std::uint32_t (&pf)[16], int wi, int g, int t) const {
+  // P (registers) -> a K-major [64 x 64] tile with the 128-byte swizzle at shared address dst.
+  // Row r = 16 wi + g + 8 (k & 1), key 8 (k >> 1) + 2t: unit (k >> 1) ^ g of the row. The
+  // addresses are formed here from opaque values (hoisted, they would hold 16 registers).
+  __device__ static void store_p(const std::uint32_t (&pf)[16], std::uint32_t dst, int wi, int g,
+                                 int t) {
+    std::uint32_t base = dst + (16 * wi + g) * 128 + 4 * t, gx = static_cast<std::uint32_t>(g) << 4;
+    asm volatile("" : "+r"(base), "+r"(gx));
 #pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      const int r = 16 * wi + g + 8 * (k & 1), key = 8 * (k >> 1) + 2 * t;
-      *reinterpret_cast<std::uint32_t*>(ss.p + r * 128 + (((key >> 3) ^ (r & 7)) << 4) +
-                                        (key & 7) * 2) = pf[k];
-    }
+    for (int k = 0; k < 16; ++k)
+      arch::sts32(base + (k & 1) * 1024 + ((static_cast<std::uint32_t>(k >> 1) << 4) ^ gx), pf[k]);
   }
 
-  // After a wgmma wait: the accumulators (and the P fragment) are read or rewritten only below.
-  __device__ static void fence_all(float (&s)[32], float (&o)[128], std::uint32_t (&pf)[16]) {
-    arch::fence_operand(s);
-    arch::fence_operand(o);
-    arch::fence_operand(pf);
+  __device__ void publish_max(int slot, int wi, int g, int t, const Softmax& sm) const {
+    if (t == 0) {
+      sv.row_max[slot][16 * wi + g] = sm.m_run[0];
+      sv.row_max[slot][16 * wi + g + 8] = sm.m_run[1];
+    }
   }
+  __device__ void read_max(int slot, int wi, int g, float (&m)[2]) const {
+    m[0] = sv.row_max[slot][16 * wi + g];
+    m[1] = sv.row_max[slot][16 * wi + g + 8];
+  }
+
+  // Schedule of a pair (tile A in stage 0, tile B in stage 1); one running max is shared: A's
+  // is published by warpgroup 0 (max_a), the pair's (after B) by warpgroup 1 (max_b). At the
+  // start of a pair both warpgroups hold their tile's S, and O and l of both are relative to
+  // the max after the previous pair.
+  //
+  //   warpgroup 0                                  warpgroup 1
+  //   softmax A (O *= alpha), publish m_A  -->     softmax B against m_A (O *= alpha beta)
+  //   O += P_A V_A (RS); release A-lo              publish m_B; P_B -> sP_B
+  //   <-- m_B: P_A beta -> sP_A; O *= beta  -->    O += P_B V_B (RS); O += sP_A V_A (SS)
+  //   <-- sP_B: O += sP_B V_B (SS)                 release B-hi, then A-hi
+  //   S_A' chunks 0-3 queued behind it;            S_B' (chunks 4-8, then 0-3)
+  //   release B-lo; S_A' chunks 4-8
+  //
+  // Each warpgroup's softmax runs while the other has matrix work queued, each half of a
+  // stage has one releasing warpgroup (the other's reads are ordered before it through
+  // max_a / max_b), and every hand-over is a one-way named barrier.
 
   // Warpgroup 0: S and softmax of tile A of every pair, P V of both tiles (columns 0..255).
   __device__ void consume_a(const Range& r, State& st, int mask_from, Softmax& sm, float (&o)[128],
-                            int wi, int g, int t) const {
+                            const std::uint32_t (&rq)[16], int wi, int g, int t) const {
     const Pipeline pipe{sv.bars};
     float s[32], f[2];
     std::uint32_t pf[16];
+    issue_s<0, 9>(s, st, rq, true);
+    arch::wgmma_wait<0>();
+    arch::fence_operand(s);
     for (int pair = 0; pair < r.n_pairs; ++pair) {
       const State st_a = st;
       st.advance();
       const State st_b = st;
       st.advance();
       const int kt_a = r.kv_begin + 128 * pair;
-      issue_s(s, st_a);
-      arch::wgmma_wait<0>();
-      fence_all(s, o, pf);
-      pipe.consumer_release(st_a, kHi);  // S_A was this warpgroup's only read of A-hi
-      softmax(s, kt_a, kt_a + 64 > mask_from, t, sm, f, pf);
-      // Warpgroup 1 read the previous P in sP before publishing its own (p_ready_b), and this
-      // warpgroup's P V reading that P has completed.
-      store_p(pf, wi, g, t);
-      if (t == 0) {
-        sv.row_max[pair & 1][0][16 * wi + g] = sm.m_run[0];
-        sv.row_max[pair & 1][0][16 * wi + g + 8] = sm.m_run[1];
-      }
-      arch::fence_proxy_async_smem();
-      arch::named_arrive(arch::NamedBarrier::p_ready_a, kConsumerThreads);
+      const float m_floor[2] = {sm.m_run[0], sm.m_run[1]};
+      softmax(s, kt_a, kt_a + 64 > mask_from, t, sm, m_floor, f, pf);
+      publish_max(2 * (pair & 1), wi, g, t, sm);
+      arch::named_arrive(arch::NamedBarrier::max_a, kConsumerThreads);
       scale_o(o, f);
       issue_pv_regs(o, pf, smem_u32(ss.kv[st_a.stage()]), 0);
       arch::wgmma_wait<0>();
-      fence_all(s, o, pf);
-      pipe.consumer_release(st_a, kLo);
-      arch::named_sync(arch::NamedBarrier::p_ready_b, kConsumerThreads);
-      arch::fence_proxy_async_smem();  // B-lo was waited for by warpgroup 1
-      const float mb[2] = {sv.row_max[pair & 1][1][16 * wi + g],
-                           sv.row_max[pair & 1][1][16 * wi + g + 8]};
+      arch::fence_operand(o);  // (s is dead here: fencing it would keep 32 registers live)
+      arch::fence_operand(pf);
+      pipe.consumer_release(st_a, kLo);  // S_A and this P V were the only reads of A-lo
+      arch::named_sync(arch::NamedBarrier::max_b, kConsumerThreads);
+      float mb[2];
+      read_max(2 * (pair & 1) + 1, wi, g, mb);
       adopt_max(sm, mb, f);
+      // P_A rescaled to the pair's max: warpgroup 1 adds it to an O that is relative to it.
+      // (From the packed P: keeping P in fp32 across the P V would hold 32 more registers.)
+#pragma unroll
+      for (int k = 0; k < 16; ++k) {
+        float lo, hi;
+        arch::unpack2<T>(pf[k], lo, hi);
+        pf[k] = arch::pack2<T>(lo * f[k & 1], hi * f[k & 1]);
+      }
+      // Warpgroup 1's P V reading the previous sP_A completed before it published max_b.
+      store_p(pf, sp_a(), wi, g, t);
+      arch::fence_proxy_async_smem();
+      arch::named_arrive(arch::NamedBarrier::p_a, kConsumerThreads);
       scale_o(o, f);
-      issue_pv_smem(o, smem_u32(ss.kv[st_b.stage()]), 0);
-      // Waited for here, not behind the next S_A: B-lo is released as early as possible (the
-      // next tile B cannot load before), and no wgmma stays in flight across iterations.
-      arch::wgmma_wait<0>();
-      fence_all(s, o, pf);
+      arch::named_sync(arch::NamedBarrier::pb_issued, kConsumerThreads);
+      arch::fence_proxy_async_smem();  // B-lo was waited for by warpgroup 1
+      issue_pv_smem(o, sp_b(), smem_u32(ss.kv[st_b.stage()]), 0);
+      // The next S_A's first half queues behind this P V; B-lo is released when the P V
+      // retires. No register of s, o or pf is touched between the waits.
+      const bool more = pair + 1 < r.n_pairs;
+      if (more) {
+        issue_s<0, 4>(s, st, rq, true);
+        arch::wgmma_wait<1>();
+      } else {
+        arch::wgmma_wait<0>();
+      }
+      arch::fence_operand(o);
       pipe.consumer_release(st_b, kLo);
+      if (more) issue_s<4, 9>(s, st, rq, false);
+      arch::wgmma_wait<0>();
+      arch::fence_operand(s);
+      arch::fence_operand(o);
     }
   }
 
   // Warpgroup 1: S and softmax of tile B of every pair, P V of both tiles (columns 256..511).
+  // Its S reads chunks 4-8 first: the producer refills a B stage's hi half before its lo half,
+  // in the order the two halves are released.
   __device__ void consume_b(const Range& r, State& st, int mask_from, Softmax& sm, float (&o)[128],
-                            int wi, int g, int t) const {
+                            const std::uint32_t (&rq)[16], int wi, int g, int t) const {
     const Pipeline pipe{sv.bars};
     float s[32], f[2];
     std::uint32_t pf[16];
+    {
+      State st_b = st;
+      st_b.advance();
+      issue_s<4, 9>(s, st_b, rq, true);
+      issue_s<0, 4>(s, st_b, rq, false);
+      arch::wgmma_wait<0>();
+      arch::fence_operand(s);
+    }
     for (int pair = 0; pair < r.n_pairs; ++pair) {
       const State st_a = st;
       st.advance();
       const State st_b = st;
       st.advance();
       const int kt_b = r.kv_begin + 128 * pair + 64;
-      issue_s(s, st_b);  // runs while warpgroup 0 computes S_A and its softmax
-      arch::named_sync(arch::NamedBarrier::p_ready_a, kConsumerThreads);
-      arch::fence_proxy_async_smem();  // A-hi was waited for by warpgroup 0
-      // O is rescaled with no wgmma in flight: ptxas serialises every wgmma of the kernel
-      // when accumulator registers of any wgmma are written while one is in flight.
-      arch::wgmma_wait<0>();
-      fence_all(s, o, pf);
-      pipe.consumer_release(st_b, kLo);  // S_B was this warpgroup's only read of B-lo
-      const float ma[2] = {sv.row_max[pair & 1][0][16 * wi + g],
-                           sv.row_max[pair & 1][0][16 * wi + g + 8]};
-      adopt_max(sm, ma, f);
-      scale_o(o, f);
-      issue_pv_smem(o, smem_u32(ss.kv[st_a.stage()]), 1);
-      softmax(s, kt_b, kt_b + 64 > mask_from, t, sm, f, pf);  // behind P V of A
-      arch::wgmma_wait<0>();
-      fence_all(s, o, pf);  // P V of A: sP and A-hi are free
-      pipe.consumer_release(st_a, kHi);
-      store_p(pf, wi, g, t);
-      if (t == 0) {
-        sv.row_max[pair & 1][1][16 * wi + g] = sm.m_run[0];
-        sv.row_max[pair & 1][1][16 * wi + g + 8] = sm.m_run[1];
-      }
+      arch::named_sync(arch::NamedBarrier::max_a, kConsumerThreads);
+      float ma[2];
+      read_max(2 * (pair & 1), wi, g, ma);
+      softmax(s, kt_b, kt_b + 64 > mask_from, t, sm, ma, f, pf);
+      publish_max(2 * (pair & 1) + 1, wi, g, t, sm);
+      arch::named_arrive(arch::NamedBarrier::max_b, kConsumerThreads);
+      // Warpgroup 0's P V reading the previous sP_B completed before it published max_a.
+      store_p(pf, sp_b(), wi, g, t);
       arch::fence_proxy_async_smem();
-      arch::named_arrive(arch::NamedBarrier::p_ready_b, kConsumerThreads);
       scale_o(o, f);
       issue_pv_regs(o, pf, smem_u32(ss.kv[st_b.stage()]), 1);
+      arch::named_sync(arch::NamedBarrier::p_a, kConsumerThreads);
+      arch::fence_proxy_async_smem();  // A-hi was waited for by warpgroup 0
+      issue_pv_smem(o, sp_a(), smem_u32(ss.kv[st_a.stage()]), 1);
+      arch::named_arrive(arch::NamedBarrier::pb_issued, kConsumerThreads);
+      arch::wgmma_wait<1>();
+      pipe.consumer_release(st_b, kHi);  // S_B and P V of B were the reads of B-hi
       arch::wgmma_wait<0>();
-      fence_all(s, o, pf);
-      pipe.consumer_release(st_b, kHi);
+      arch::fence_operand(o);
+      arch::fence_operand(pf);
+      pipe.consumer_release(st_a, kHi);  // warpgroup 0's S_A read A-hi before max_a
+      if (pair + 1 < r.n_pairs) {
+        State nb = st;
+        nb.advance();
+        issue_s<4, 9>(s, nb, rq, true);
+        issue_s<0, 4>(s, nb, rq, false);
+      }
+      arch::wgmma_wait<0>();
+      arch::fence_operand(s);
+      arch::fence_operand(o);
     }
   }
 
@@ -667,6 +793,8 @@ struct WsMainloop {
 #pragma unroll
         for (int h = 0; h < 2; ++h) sm.sc[h] *= sv.q_scale[16 * wi + g + 8 * h];
       }
+      std::uint32_t rq[16];
+      load_q_rope(rq, wi, g, t);
       // One loop per warpgroup: ptxas analyses wgmma hazards on the control-flow graph, and
       // a shared loop body would merge warpgroup 0's in-flight P V with warpgroup 1's
       // rescale of O, serialising every wgmma.
@@ -680,25 +808,23 @@ struct WsMainloop {
           st.advance();
           if (wg == 0) {
             for (int c = 0; c < 9; ++c) pipe.consumer_wait(st_a, c);
-            pipe.consumer_release(st_a, kHi);
             pipe.consumer_release(st_a, kLo);
             for (int c = 0; c < 4; ++c) pipe.consumer_wait(st_b, c);
             pipe.consumer_release(st_b, kLo);
           } else {
             for (int c = 0; c < 9; ++c) pipe.consumer_wait(st_b, c);
-            pipe.consumer_release(st_b, kLo);
+            pipe.consumer_release(st_b, kHi);
             for (int c = 4; c < 8; ++c) pipe.consumer_wait(st_a, c);
             pipe.consumer_release(st_a, kHi);
-            pipe.consumer_release(st_b, kHi);
           }
-          o[pair & 127] += 1.0f;
+          o[pair & 127] += static_cast<float>(rq[pair & 15]);
         }
       } else
 #endif
       if (wg == 0)
-        consume_a(r, st, mask_from, sm, o, wi, g, t);
+        consume_a(r, st, mask_from, sm, o, rq, wi, g, t);
       else
-        consume_b(r, st, mask_from, sm, o, wi, g, t);
+        consume_b(r, st, mask_from, sm, o, rq, wi, g, t);
     }
     epilogue(pc, sm, o, wg, wi, g, t);
   }
@@ -791,7 +917,7 @@ __global__ void __launch_bounds__(384, 1) decode_kernel_ws(const KernelArgs p) {
   if (threadIdx.x == 0) {
     // Arrivals that release each stage half (see the header comment): stage 0 holds tile A,
     // stage 1 tile B.
-    constexpr int kReleasers[2][2] = {{128, 256}, {256, 128}};
+    constexpr int kReleasers[2][2] = {{128, 128}, {128, 128}};
     ML::Pipeline::init(sv.bars, kReleasers);
     arch::mbar_init_fence();
   }
