@@ -3,19 +3,19 @@
 # asynchronous, two ways:
 #  1. compiles its kernel (decode_kernel_ws) for three KV paths to sm_90a machine code and
 #     counts, in the disassembly, the HGMMA instructions and the WARPGROUP.DEPBAR waits. The
-#     source waits 6 times per kernel (docs/design.md, "Hopper mainloops"); ptxas serialises a
+#     source waits 8 times per kernel (docs/design.md, "Hopper mainloops"); ptxas serialises a
 #     pipeline it cannot prove safe by adding a wait after every HGMMA, without always printing
 #     its C7515 note, so the count is the check;
 #  2. compiles decode()'s whole dispatch table for sm_90a and fails on any ptxas C7515 note
 #     ("wgmma serialized").
 #   bash tools/check-wgmma.sh            (nvcc on PATH or in /usr/local/cuda/bin; needs pip for the
 #                                        disassembler wheel, downloaded once, not installed)
-# Environment: MLAKIT_TOOLS_DIR (default /tmp/mlakit-tools), MLAKIT_MAX_WAITS (default 6).
+# Environment: MLAKIT_TOOLS_DIR (default /tmp/mlakit-tools), MLAKIT_MAX_WAITS (default 8).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$PWD
 tools=${MLAKIT_TOOLS_DIR:-/tmp/mlakit-tools}
-max_waits=${MLAKIT_MAX_WAITS:-6}
+max_waits=${MLAKIT_MAX_WAITS:-8}
 if ! command -v nvcc >/dev/null 2>&1; then export PATH=/usr/local/cuda/bin:$PATH; fi
 command -v nvcc >/dev/null || { echo "check-wgmma.sh: nvcc not found" >&2; exit 2; }
 

@@ -3,39 +3,42 @@
 // targets the host launches the mma.sync mainloop of decode_kernel.hpp for the same policy).
 //
 // 384 threads = three warpgroups:
-//   warpgroup 2, producer (40 registers; 56 when it converts KV): fetches KV tiles of 64 tokens
-//     into a ring of two stages [64 x 576] in the compute type (128-byte swizzle), one
-//     64-column chunk at a time, each chunk signalled by its own mbarrier. A stage is
+//   warpgroup 2, producer (40 registers; 56 for e4m3fn and dynamic-dtype KV): fetches KV tiles
+//     of 64 tokens into a ring of two stages [64 x 576] in the compute type (128-byte swizzle),
+//     one 64-column chunk at a time, each chunk signalled by its own mbarrier. A stage is
 //     refilled in two halves, released separately: "lo" = chunks 0-3 (V columns 0..255) and
-//     "hi" = chunks 4-8, so the half a warpgroup has finished with reloads while the other
-//     half is still read. 16-bit KV of the compute type: cp.async straight into the stage.
-//     fp8 KV: cp.async of a half's raw bytes into the top of that half, then converted in
-//     place chunk by chunk (converted chunk c only overwrites raw chunks <= c). Other 16-bit
-//     KV: loaded, converted, stored. Every copy is a single instruction (constant offsets
-//     from per-thread base addresses): the producer's instruction rate, not the memory
-//     system, limited the ring when each copy recomputed its addresses.
-//   warpgroups 0 and 1, consumers (232 registers; 224 when the producer converts): the same
-//     64 rows, O split by columns
-//     (warpgroup w owns O[:, 256w .. 256w + 256), 128 fp32 registers per thread). Tiles come in
-//     pairs (A = even, B = odd); warpgroup 0 computes S and the softmax of A, warpgroup 1 those
-//     of B, and both accumulate P V of both tiles for their columns:
+//     "hi" = chunks 4-8, in the order the consumers release them: A-lo, B-hi, A-hi, B-lo.
+//     16-bit KV of the compute type: cp.async straight into the stage. fp8 KV: cp.async of a
+//     half's raw bytes into the top of that half, converted in place chunk by chunk
+//     (converted chunk c only overwrites raw chunks <= c) while the next half's raw copies are
+//     in flight. Other 16-bit KV: loaded, converted, stored. Every copy is a single
+//     instruction (constant offsets from per-thread base addresses).
+//   warpgroups 0 and 1, consumers (232 registers; 224 with the 56-register producers): the
+//     same 64 rows, O split by columns (warpgroup w owns O[:, 256w .. 256w + 256), 128 fp32
+//     registers per thread). Tiles come in pairs (A = even tile, stage 0; B = odd, stage 1);
+//     warpgroup 0 computes S and the softmax of A, warpgroup 1 those of B, and both accumulate
+//     P V of both tiles for their columns. Q's rope columns (chunk 8) are held in registers
+//     (16 per thread, the A operand of S's last k-steps), so sQ's chunk 8 holds P of tile B
+//     and each tile's P has its own buffer. Per pair (consume_a / consume_b have the details):
 //
-//        warpgroup 0                          warpgroup 1
-//        S_A = Q K_A^T (wgmma SS, N = 64)     S_B = Q K_B^T (wgmma SS, N = 64)
-//        softmax A -> P_A (registers), sP     (waits: p_ready_a)
-//        arrive p_ready_a                     O *= alpha_A; O += sP V_A (SS)
-//        O *= alpha_A; O += P_A V_A (RS)      softmax B (behind its P V) -> P_B
-//        release A; (waits: p_ready_b)        release A; P_B -> sP; arrive p_ready_b
-//        O *= beta; O += sP V_B (SS)          O *= beta; O += P_B V_B (RS); release B
+//        warpgroup 0                               warpgroup 1
+//        S_A (waited)                              S_B, chunks 4-8 then 0-3 (waited)
+//        softmax A, O *= alpha; publish m_A  -->   softmax B against m_A, O *= alpha beta
+//        O += P_A V_A (RS); release A-lo           publish m_B  -->  P_B -> sP_B
+//        <-- m_B: P_A beta -> sP_A, O *= beta      O += P_B V_B (RS)
+//                           sP_A published  -->    O += sP_A V_A (SS); both P V in flight
+//        <-- sP_B, P V issued: O += sP_B V_B (SS)  release B-hi, then A-hi as they retire
+//        S_A' chunks 0-3 queued behind it;          S_B' of the next pair
+//        release B-lo when it retires; S_A' 4-8
 //
-//     so one warpgroup's softmax overlaps the other's matrix work. Tile A always sits in stage
-//     0 and tile B in stage 1. Releases: A-lo by warpgroup 0 after P V of A; A-hi by both (0
-//     after S_A, 1 after P V of A); B-lo by both (1 after S_B, 0 after P V of B); B-hi by
-//     warpgroup 1 after P V of B. The running max is shared
-//     through sRowMax (A's after warpgroup 0, B's after warpgroup 1), so both warpgroups scale
-//     O and l identically. One sP buffer serves both directions: each write happens after the
-//     writer's own wgmma reading the previous P has completed and after the barrier that
-//     publishes that P (see the comments in consume()).
+//     Each warpgroup's softmax runs while the other has matrix work queued (warpgroup 0's
+//     while S_B finishes, warpgroup 1's behind P_A V_A), only the running max crosses before
+//     the matrix work resumes, and P_A is sent already scaled to the pair's max so warpgroup
+//     1 rescales O once per pair. Each stage half has one releasing warpgroup (the other
+//     warpgroup's reads of it are ordered before the release through max_a / max_b), and
+//     every hand-over is a one-way named barrier (NamedBarrier: max_a, max_b, p_a,
+//     pb_issued). The running max is one value per row shared by both warpgroups, so they
+//     scale O and l identically.
 // A piece with an odd number of tiles gets one extra tile of zero-filled tokens, all masked.
 //
 // Timing builds (never for use: outputs are wrong): -DMLAKIT_WS_EXPERIMENT=1 makes the producer
@@ -629,22 +632,16 @@ struct WsMainloop {
     m[1] = sv.row_max[slot][16 * wi + g + 8];
   }
 
-  // Schedule of a pair (tile A in stage 0, tile B in stage 1); one running max is shared: A's
-  // is published by warpgroup 0 (max_a), the pair's (after B) by warpgroup 1 (max_b). At the
+  // Releases a stage half after this warpgroup's wgmma reading it retired: one arrival per
+  // warp (lane 0; the wait before it is warp-collective), four per releasing warpgroup.
+  __device__ static void release(const Pipeline& pipe, const State& st, int group) {
+    if ((threadIdx.x & 31u) == 0) pipe.consumer_release(st, group);
+  }
+
+  // The pair schedule is pictured in the header. One running max per row is shared: A's is
+  // published by warpgroup 0 (max_a), the pair's (after B) by warpgroup 1 (max_b). At the
   // start of a pair both warpgroups hold their tile's S, and O and l of both are relative to
   // the max after the previous pair.
-  //
-  //   warpgroup 0                                  warpgroup 1
-  //   softmax A (O *= alpha), publish m_A  -->     softmax B against m_A (O *= alpha beta)
-  //   O += P_A V_A (RS); release A-lo              publish m_B; P_B -> sP_B
-  //   <-- m_B: P_A beta -> sP_A; O *= beta  -->    O += P_B V_B (RS); O += sP_A V_A (SS)
-  //   <-- sP_B: O += sP_B V_B (SS)                 release B-hi, then A-hi
-  //   S_A' chunks 0-3 queued behind it;            S_B' (chunks 4-8, then 0-3)
-  //   release B-lo; S_A' chunks 4-8
-  //
-  // Each warpgroup's softmax runs while the other has matrix work queued, each half of a
-  // stage has one releasing warpgroup (the other's reads are ordered before it through
-  // max_a / max_b), and every hand-over is a one-way named barrier.
 
   // Warpgroup 0: S and softmax of tile A of every pair, P V of both tiles (columns 0..255).
   __device__ void consume_a(const Range& r, State& st, int mask_from, Softmax& sm, float (&o)[128],
@@ -670,7 +667,7 @@ struct WsMainloop {
       arch::wgmma_wait<0>();
       arch::fence_operand(o);  // (s is dead here: fencing it would keep 32 registers live)
       arch::fence_operand(pf);
-      pipe.consumer_release(st_a, kLo);  // S_A and this P V were the only reads of A-lo
+      release(pipe, st_a, kLo);  // S_A and this P V were the only reads of A-lo
       arch::named_sync(arch::NamedBarrier::max_b, kConsumerThreads);
       float mb[2];
       read_max(2 * (pair & 1) + 1, wi, g, mb);
@@ -701,7 +698,7 @@ struct WsMainloop {
         arch::wgmma_wait<0>();
       }
       arch::fence_operand(o);
-      pipe.consumer_release(st_b, kLo);
+      release(pipe, st_b, kLo);
       if (more) issue_s<4, 9>(s, st, rq, false);
       arch::wgmma_wait<0>();
       arch::fence_operand(s);
@@ -717,19 +714,17 @@ struct WsMainloop {
     const Pipeline pipe{sv.bars};
     float s[32], f[2];
     std::uint32_t pf[16];
-    {
-      State st_b = st;
-      st_b.advance();
-      issue_s<4, 9>(s, st_b, rq, true);
-      issue_s<0, 4>(s, st_b, rq, false);
-      arch::wgmma_wait<0>();
-      arch::fence_operand(s);
-    }
     for (int pair = 0; pair < r.n_pairs; ++pair) {
       const State st_a = st;
       st.advance();
       const State st_b = st;
       st.advance();
+      // Issued right after the previous pair's P V retired (nothing runs in between), from
+      // one call site: a second copy of its 36 wgmma cost instruction-cache misses.
+      issue_s<4, 9>(s, st_b, rq, true);
+      issue_s<0, 4>(s, st_b, rq, false);
+      arch::wgmma_wait<0>();
+      arch::fence_operand(s);
       const int kt_b = r.kv_begin + 128 * pair + 64;
       arch::named_sync(arch::NamedBarrier::max_a, kConsumerThreads);
       float ma[2];
@@ -747,20 +742,11 @@ struct WsMainloop {
       issue_pv_smem(o, sp_a(), smem_u32(ss.kv[st_a.stage()]), 1);
       arch::named_arrive(arch::NamedBarrier::pb_issued, kConsumerThreads);
       arch::wgmma_wait<1>();
-      pipe.consumer_release(st_b, kHi);  // S_B and P V of B were the reads of B-hi
+      release(pipe, st_b, kHi);  // S_B and P V of B were the reads of B-hi
       arch::wgmma_wait<0>();
       arch::fence_operand(o);
       arch::fence_operand(pf);
-      pipe.consumer_release(st_a, kHi);  // warpgroup 0's S_A read A-hi before max_a
-      if (pair + 1 < r.n_pairs) {
-        State nb = st;
-        nb.advance();
-        issue_s<4, 9>(s, nb, rq, true);
-        issue_s<0, 4>(s, nb, rq, false);
-      }
-      arch::wgmma_wait<0>();
-      arch::fence_operand(s);
-      arch::fence_operand(o);
+      release(pipe, st_a, kHi);  // warpgroup 0's S_A read A-hi before max_a
     }
   }
 
@@ -808,14 +794,14 @@ struct WsMainloop {
           st.advance();
           if (wg == 0) {
             for (int c = 0; c < 9; ++c) pipe.consumer_wait(st_a, c);
-            pipe.consumer_release(st_a, kLo);
+            release(pipe, st_a, kLo);
             for (int c = 0; c < 4; ++c) pipe.consumer_wait(st_b, c);
-            pipe.consumer_release(st_b, kLo);
+            release(pipe, st_b, kLo);
           } else {
             for (int c = 0; c < 9; ++c) pipe.consumer_wait(st_b, c);
-            pipe.consumer_release(st_b, kHi);
+            release(pipe, st_b, kHi);
             for (int c = 4; c < 8; ++c) pipe.consumer_wait(st_a, c);
-            pipe.consumer_release(st_a, kHi);
+            release(pipe, st_a, kHi);
           }
           o[pair & 127] += static_cast<float>(rq[pair & 15]);
         }
@@ -917,7 +903,7 @@ __global__ void __launch_bounds__(384, 1) decode_kernel_ws(const KernelArgs p) {
   if (threadIdx.x == 0) {
     // Arrivals that release each stage half (see the header comment): stage 0 holds tile A,
     // stage 1 tile B.
-    constexpr int kReleasers[2][2] = {{128, 128}, {128, 128}};
+    constexpr int kReleasers[2][2] = {{4, 4}, {4, 4}};  // one arrival per releasing warp
     ML::Pipeline::init(sv.bars, kReleasers);
     arch::mbar_init_fence();
   }
