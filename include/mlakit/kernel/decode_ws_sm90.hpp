@@ -176,6 +176,11 @@ struct WsMainloop {
     }
   }
 
+  template <int C0, int C1>
+  struct Half {  // chunks [C0, C1) of a stage: lo = Half<0, 4>, hi = Half<4, 9>
+    static constexpr int c0 = C0, c1 = C1;
+  };
+
   // Tiles come in pairs (A in stage 0, B in stage 1), and the halves of a pair are refilled
   // in the order the consumers release them: A-lo, B-hi, A-hi, B-lo (consume_a / consume_b).
   // fp8 KV: each half's raw copies are issued as soon as it is released and converted while
@@ -206,27 +211,29 @@ struct WsMainloop {
       st.advance();
       unsigned char* stage_a = ss.kv[0];
       unsigned char* stage_b = ss.kv[1];
+      // Acquires each half of the pair in release order and hands it to fill(stage, rows,
+      // state, Half<c0, c1>).
+      const auto in_release_order = [&](auto&& fill) {
+        pipe.producer_acquire(sa, kLo);
+        fill(stage_a, da, sa, Half<0, 4>{});
+        pipe.producer_acquire(sb, kHi);
+        fill(stage_b, db, sb, Half<4, 9>{});
+        pipe.producer_acquire(sa, kHi);
+        fill(stage_a, da, sa, Half<4, 9>{});
+        pipe.producer_acquire(sb, kLo);
+        fill(stage_b, db, sb, Half<0, 4>{});
+      };
 #if defined(MLAKIT_WS_EXPERIMENT) && MLAKIT_WS_EXPERIMENT == 1
       if (true) {
-        pipe.producer_acquire(sa, kLo);
-        for (int c = 0; c < 4; ++c) pipe.producer_commit(sa, c);
-        pipe.producer_acquire(sb, kHi);
-        for (int c = 4; c < 9; ++c) pipe.producer_commit(sb, c);
-        pipe.producer_acquire(sa, kHi);
-        for (int c = 4; c < 9; ++c) pipe.producer_commit(sa, c);
-        pipe.producer_acquire(sb, kLo);
-        for (int c = 0; c < 4; ++c) pipe.producer_commit(sb, c);
+        in_release_order([&](unsigned char*, const ThreadRows&, const State& hs, auto half) {
+          for (int c = half.c0; c < half.c1; ++c) pipe.producer_commit(hs, c);
+        });
       } else
 #endif
       if constexpr (Tr::kDirect) {
-        pipe.producer_acquire(sa, kLo);
-        load_direct<0, 4>(stage_a, da, pipe, sa, tid);
-        pipe.producer_acquire(sb, kHi);
-        load_direct<4, 9>(stage_b, db, pipe, sb, tid);
-        pipe.producer_acquire(sa, kHi);
-        load_direct<4, 9>(stage_a, da, pipe, sa, tid);
-        pipe.producer_acquire(sb, kLo);
-        load_direct<0, 4>(stage_b, db, pipe, sb, tid);
+        in_release_order([&](unsigned char* stage, const ThreadRows& d, const State& hs, auto half) {
+          load_direct<decltype(half)::c0, decltype(half)::c1>(stage, d, pipe, hs, tid);
+        });
       } else if (m.kv_bytes == 1) {
         pipe.producer_acquire(sa, kLo);
         copy_raw<0, 4>(stage_a, da, tid);
@@ -245,14 +252,9 @@ struct WsMainloop {
         Copy::template wait<0>();
         convert_fp8<0, 4>(stage_b, pipe, sb, tid);
       } else {
-        pipe.producer_acquire(sa, kLo);
-        load_convert16<0, 4>(stage_a, da, pipe, sa, tid);
-        pipe.producer_acquire(sb, kHi);
-        load_convert16<4, 9>(stage_b, db, pipe, sb, tid);
-        pipe.producer_acquire(sa, kHi);
-        load_convert16<4, 9>(stage_a, da, pipe, sa, tid);
-        pipe.producer_acquire(sb, kLo);
-        load_convert16<0, 4>(stage_b, db, pipe, sb, tid);
+        in_release_order([&](unsigned char* stage, const ThreadRows& d, const State& hs, auto half) {
+          load_convert16<decltype(half)::c0, decltype(half)::c1>(stage, d, pipe, hs, tid);
+        });
       }
     }
   }
