@@ -77,9 +77,9 @@ struct PipelineState {
 // first chunk starts before the last one lands): `full[s][part]` completes when all
 // ProducerThreads producer threads have written that part. Each stage is released in `Groups`
 // groups of parts (e.g. the V columns one consumer warpgroup reads, the rest): `empty[s][g]`
-// completes when the consumers that read group g of the stage are done with it; how many
-// arrivals that takes is given per stage and group at init. Every consumer arrives only after
-// reading the data of that use, so no arrival can count towards a later use.
+// completes when the consumer warps that read group g of the stage are done with it (one
+// arrival per warp); how many warps that is is given per stage and group at init. Every warp
+// arrives only after reading the data of that use, so no arrival can count towards a later use.
 template <int Stages, int Parts, int Groups, int ProducerThreads>
 struct RingPipeline {
   struct Storage {
@@ -89,10 +89,10 @@ struct RingPipeline {
   Storage& st;
 
   // One thread initialises; the caller fences and synchronises the block afterwards.
-  __device__ static void init(Storage& s, const int (&consumers)[Stages][Groups]) {
+  __device__ static void init(Storage& s, const int (&consumer_warps)[Stages][Groups]) {
     for (int i = 0; i < Stages; ++i) {
       for (int p = 0; p < Parts; ++p) mbar_init(&s.full[i][p], ProducerThreads);
-      for (int g = 0; g < Groups; ++g) mbar_init(&s.empty[i][g], consumers[i][g]);
+      for (int g = 0; g < Groups; ++g) mbar_init(&s.empty[i][g], consumer_warps[i][g]);
     }
   }
 
@@ -124,9 +124,10 @@ struct RingPipeline {
     mbar_wait(&st.full[ps.stage()][part], ps.phase());
     fence_proxy_async_smem();
   }
-  // Consumer: this thread no longer reads group `g` of the stage (its wgmma reads completed).
+  // Consumer: this warp no longer reads group `g` of the stage (called by every lane after
+  // the warp-collective wait that retired its wgmma reads; lane 0 arrives).
   __device__ void consumer_release(const PipelineState<Stages>& ps, int g) const {
-    mbar_arrive(&st.empty[ps.stage()][g]);
+    if (detail::lane_id() == 0) mbar_arrive(&st.empty[ps.stage()][g]);
   }
 };
 

@@ -98,7 +98,7 @@ struct WsMainloop {
   static constexpr int kProducerThreads = 128;
   // The e4m3fn producer (hardware conversion) gets more registers: measured, fp8 q_len 8 page 1
   // 965 -> 895 us with 224 / 56 instead of 232 / 40 (H200), and so do the dynamic-dtype
-  // kernels (ptxas -v: their consumers spill 28-72 bytes at 224, their producers more at 40).
+  // kernels (ptxas -v: they spill about 100 bytes with 224 / 56, more with 232 / 40).
   // The bf16 / fp16 kernels need 232 for their consumers (no spills there).
   static constexpr int kConsumerRegs = Tr::kDirect ? 232 : 224;
   static constexpr int kProducerRegs = Tr::kDirect ? 40 : 56;
@@ -552,7 +552,7 @@ struct WsMainloop {
   // the warp's 16), key 8 (i >> 2) + 2t + (i & 1). The new running max is the larger of
   // m_floor (>= m_run: this warpgroup's running max, or the one the other warpgroup just
   // published) and the tile's max. Returns alpha = exp2(m_run - new max), which rescales the
-  // earlier O and l, overwrites s with P in fp32 and writes P (compute type) to pf: pf[k]
+  // earlier O and l, scales (and masks) s in place and writes P (compute type) to pf: pf[k]
   // holds keys of s[2k], s[2k + 1], which is the wgmma A fragment of k-step k / 4.
   struct Softmax {
     float m_run[2], l_run[2], sc[2];
@@ -586,10 +586,9 @@ struct WsMainloop {
 #pragma unroll
     for (int k = 0; k < 16; ++k) {
       const int h = k & 1;
-      s[2 * k] = fast_exp2(s[2 * k] - m_use[h]);
-      s[2 * k + 1] = fast_exp2(s[2 * k + 1] - m_use[h]);
-      lsum[h] += s[2 * k] + s[2 * k + 1];
-      pf[k] = arch::pack2<T>(s[2 * k], s[2 * k + 1]);
+      const float p0 = fast_exp2(s[2 * k] - m_use[h]), p1 = fast_exp2(s[2 * k + 1] - m_use[h]);
+      lsum[h] += p0 + p1;
+      pf[k] = arch::pack2<T>(p0, p1);
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) sm.l_run[h] = sm.l_run[h] * alpha[h] + lsum[h];
@@ -634,12 +633,6 @@ struct WsMainloop {
     m[1] = sv.row_max[slot][16 * wi + g + 8];
   }
 
-  // Releases a stage half after this warpgroup's wgmma reading it retired: one arrival per
-  // warp (lane 0; the wait before it is warp-collective), four per releasing warpgroup.
-  __device__ static void release(const Pipeline& pipe, const State& st, int group) {
-    if ((threadIdx.x & 31u) == 0) pipe.consumer_release(st, group);
-  }
-
   // The pair schedule is pictured in the header. One running max per row is shared: A's is
   // published by warpgroup 0 (max_a), the pair's (after B) by warpgroup 1 (max_b). At the
   // start of a pair both warpgroups hold their tile's S, and O and l of both are relative to
@@ -669,7 +662,7 @@ struct WsMainloop {
       arch::wgmma_wait<0>();
       arch::fence_operand(o);  // (s is dead here: fencing it would keep 32 registers live)
       arch::fence_operand(pf);
-      release(pipe, st_a, kLo);  // S_A and this P V were the only reads of A-lo
+      pipe.consumer_release(st_a, kLo);  // S_A and this P V were the only reads of A-lo
       arch::named_sync(arch::NamedBarrier::max_b, kConsumerThreads);
       float mb[2];
       read_max(2 * (pair & 1) + 1, wi, g, mb);
@@ -700,7 +693,7 @@ struct WsMainloop {
         arch::wgmma_wait<0>();
       }
       arch::fence_operand(o);
-      release(pipe, st_b, kLo);
+      pipe.consumer_release(st_b, kLo);
       if (more) issue_s<4, 9>(s, st, rq, false);
       arch::wgmma_wait<0>();
       arch::fence_operand(s);
@@ -744,11 +737,11 @@ struct WsMainloop {
       issue_pv_smem(o, sp_a(), smem_u32(ss.kv[st_a.stage()]), 1);
       arch::named_arrive(arch::NamedBarrier::pb_issued, kConsumerThreads);
       arch::wgmma_wait<1>();
-      release(pipe, st_b, kHi);  // S_B and P V of B were the reads of B-hi
+      pipe.consumer_release(st_b, kHi);  // S_B and P V of B were the reads of B-hi
       arch::wgmma_wait<0>();
       arch::fence_operand(o);
       arch::fence_operand(pf);
-      release(pipe, st_a, kHi);  // warpgroup 0's S_A read A-hi before max_a
+      pipe.consumer_release(st_a, kHi);  // warpgroup 0's S_A read A-hi before max_a
     }
   }
 
@@ -796,14 +789,14 @@ struct WsMainloop {
           st.advance();
           if (wg == 0) {
             for (int c = 0; c < 9; ++c) pipe.consumer_wait(st_a, c);
-            release(pipe, st_a, kLo);
+            pipe.consumer_release(st_a, kLo);
             for (int c = 0; c < 4; ++c) pipe.consumer_wait(st_b, c);
-            release(pipe, st_b, kLo);
+            pipe.consumer_release(st_b, kLo);
           } else {
             for (int c = 0; c < 9; ++c) pipe.consumer_wait(st_b, c);
-            release(pipe, st_b, kHi);
+            pipe.consumer_release(st_b, kHi);
             for (int c = 4; c < 8; ++c) pipe.consumer_wait(st_a, c);
-            release(pipe, st_a, kHi);
+            pipe.consumer_release(st_a, kHi);
           }
           o[pair & 127] += static_cast<float>(rq[pair & 15]);
         }
@@ -905,7 +898,7 @@ __global__ void __launch_bounds__(384, 1) decode_kernel_ws(const KernelArgs p) {
   if (threadIdx.x == 0) {
     // Arrivals that release each stage half (see the header comment): stage 0 holds tile A,
     // stage 1 tile B.
-    constexpr int kReleasers[2][2] = {{4, 4}, {4, 4}};  // one arrival per releasing warp
+    constexpr int kReleasers[2][2] = {{4, 4}, {4, 4}};  // the warps of one warpgroup each
     ML::Pipeline::init(sv.bars, kReleasers);
     arch::mbar_init_fence();
   }
