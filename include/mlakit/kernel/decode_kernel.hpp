@@ -282,15 +282,20 @@ struct DecodeMainloop {
 
   // Issues the copies of KV tile [kt, kt + KvTile) (tokens >= kv_end are zero-filled and
   // never read). Direct: into compute stage `stage`; raw staging: into raw stage `stage`;
-  // register path: converted into compute stage `stage`.
-  __device__ void load_kv(int kt, int kv_end, int stage) const {
+  // register path: converted into compute stage `stage`. kIdGiven: the caller loaded the
+  // page id of this thread's token (page_id_of; one token per thread), else it is looked up.
+  template <bool kIdGiven = false>
+  __device__ void load_kv(int kt, int kv_end, int stage, int page_id = 0) const {
+    static_assert(!kIdGiven || kTokensPerPass >= Tr::kKvTile, "one token per thread");
     const int sub = threadIdx.x % kThreadsPerToken;
     const int row_chunks = kHeadDimQK * kv_bytes / 16;
 #pragma unroll
     for (int tok = threadIdx.x / kThreadsPerToken; tok < Tr::kKvTile; tok += kTokensPerPass) {
       const int j = kt + tok;
       const bool valid = j < kv_end;
-      const unsigned char* src = valid ? kv_row(j) : static_cast<const unsigned char*>(p.a.kv);
+      const unsigned char* src = !valid     ? static_cast<const unsigned char*>(p.a.kv)
+                                 : kIdGiven ? page_row(page_id, j % p.a.page_size)
+                                            : kv_row(j);
       if constexpr (Tr::kFp8Operands) {
         unsigned char* dst = sKvRaw(stage);
         for (int ch = sub; ch < row_chunks; ch += kThreadsPerToken)
@@ -312,6 +317,13 @@ struct DecodeMainloop {
           Copy::copy16(dst + tok * kHeadDimQK * kv_bytes + ch * 16, src + ch * 16, valid);
       }
     }
+  }
+
+  // The page id of this thread's token of tile [kt, kt + KvTile) (clamped to the piece's last
+  // token, which has a page).
+  __device__ int page_id_of(const std::int32_t* table, int kt, int kv_end) const {
+    const int j = min(kt + static_cast<int>(threadIdx.x) / kThreadsPerToken, kv_end - 1);
+    return table[j / p.a.page_size];
   }
 
   // Raw staging only: raw stage -> compute tile 0.
@@ -374,6 +386,17 @@ struct DecodeMainloop {
         }
       }
 
+      // e4m3fn raw path of policies with fp8_ids_ahead: the page id of the tile issued at
+      // step `it` was loaded at step `it - 1` (a lookup right before the copies puts one or
+      // two dependent global loads, CSR: kv_indptr then kv_indices, between every tile's
+      // barrier and its copies). Chosen at compile time for every page size: the same choice
+      // made at run time (page_size < KvTile) measured slower than either.
+      constexpr bool kIdsAhead = Tr::kFp8Operands && Tr::kPolicy.fp8_ids_ahead && Tr::kStages > 1;
+      const std::int32_t* table = kIdsAhead ? page_table() : nullptr;
+      int next_id = 0;
+      if constexpr (kIdsAhead)
+        next_id = page_id_of(table, kv_begin + (Tr::kStages - 1) * Tr::kKvTile, kv_end);
+
       for (int it = 0; it < n_tiles; ++it) {
         const int kt = kv_begin + it * Tr::kKvTile;
         const void* tile;
@@ -390,8 +413,15 @@ struct DecodeMainloop {
           block_sync();
           if constexpr (Tr::kStages > 1) {
             const int nx = it + Tr::kStages - 1;
-            if (nx < n_tiles) load_kv(kv_begin + nx * Tr::kKvTile, kv_end, nx % Tr::kStages);
-            Copy::commit();
+            if constexpr (kIdsAhead) {
+              if (nx < n_tiles)
+                load_kv<kIdsAhead>(kv_begin + nx * Tr::kKvTile, kv_end, nx % Tr::kStages, next_id);
+              Copy::commit();
+              next_id = page_id_of(table, kv_begin + (nx + 1) * Tr::kKvTile, kv_end);
+            } else {
+              if (nx < n_tiles) load_kv(kv_begin + nx * Tr::kKvTile, kv_end, nx % Tr::kStages);
+              Copy::commit();
+            }
           }
           if constexpr (Tr::kFp8Operands)
             tile = sKvRaw(it % Tr::kStages);
