@@ -441,6 +441,28 @@ TEST_CASE("policy choice: rows, KV type and device", "[validate]") {
   }
 }
 
+TEST_CASE("the e4m3fn 16-row plan aims for three CTAs per SM from 32 row tiles up", "[validate]") {
+  DecodeArgs a = valid_args();
+  a.num_heads = 16;
+  a.q_len = 1;
+  a.split_mode = SplitMode::automatic;
+  for (DType kv : {DType::fp8_e4m3fn, DType::bf16, DType::fp8_e4m3fnuz}) {
+    for (int batch : {1, 31, 32, 128}) {
+      a.kv_type = kv;
+      a.batch = batch;
+      const int idx = detail::policy_index(a, kH100);
+      REQUIRE(arch::kPolicies[idx].rows == 16);
+      const bool three = kv == DType::fp8_e4m3fn && batch >= arch::kFp8CtasMinRowTiles;
+      CHECK(detail::plan_ctas_per_sm(a, idx) == (three ? 3 : 2));
+      const PlanShape s = detail::plan_shape(a, idx, kH100);
+      CHECK(s.num_ctas == (three ? 3 : 2) * kH100.sm_count);
+      // The workspace holds the plan of either CTA count, whatever the KV type.
+      CHECK(std::size_t(detail::workspace_layout(s, s.row_tiles * 16).bytes) <=
+            workspace_bytes(a, kH100));
+    }
+  }
+}
+
 TEST_CASE("workspace_bytes depends on batch, heads, q_len, split mode and device only",
           "[validate]") {
   std::mt19937 rng(20240611);

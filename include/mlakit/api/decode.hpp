@@ -22,8 +22,10 @@ namespace mlakit {
 
 namespace detail {
 
-// Row tiling and plan shape of a request mix for tile policy `policy` (arch::kPolicies).
-inline PlanShape plan_shape(const DecodeArgs& a, int policy, const DeviceInfo& dev) {
+// Row tiling and plan shape of a request mix for tile policy `policy` (arch::kPolicies), for a
+// kernel with `ctas_per_sm` CTAs resident per SM.
+inline PlanShape plan_shape_for(const DecodeArgs& a, int policy, const DeviceInfo& dev,
+                                int ctas_per_sm) {
   const arch::TilePolicy& tp = arch::kPolicies[policy];
   PlanShape s;
   s.batch = a.batch;
@@ -31,8 +33,32 @@ inline PlanShape plan_shape(const DecodeArgs& a, int policy, const DeviceInfo& d
   s.mode = a.split_mode;
   s.fixed_splits = a.split_mode == SplitMode::fixed ? a.num_splits : 1;
   s.num_ctas =
-      plan_num_ctas(s.mode, s.fixed_splits, s.batch, s.row_tiles, dev.sm_count, tp.ctas_per_sm);
+      plan_num_ctas(s.mode, s.fixed_splits, s.batch, s.row_tiles, dev.sm_count, ctas_per_sm);
   return s;
+}
+
+// CTAs per SM the plan of `a` aims for with policy `policy`: the e4m3fn raw path (NVIDIA:
+// the table's e4m3fn entries, DecodeTraits::kCtasPerSm) of a policy with fp8_ctas_per_sm
+// keeps that many resident and uses them from kFp8CtasMinRowTiles requests x row tiles up.
+// (A custom kv_any_t instantiation given e4m3fn KV keeps ctas_per_sm resident: its plan then
+// has more CTAs than one wave, which is correct and only slower.)
+inline int plan_ctas_per_sm(const DecodeArgs& a, int policy) {
+  const arch::TilePolicy& tp = arch::kPolicies[policy];
+#if defined(MLAKIT_PLATFORM_HIP)
+  constexpr bool kRawE4m3 = false;
+#else
+  constexpr bool kRawE4m3 = true;
+#endif
+  const std::int64_t row_tiles = std::int64_t(a.batch) * ((a.rows() + tp.rows - 1) / tp.rows);
+  if (kRawE4m3 && tp.fp8_ctas_per_sm > 0 && a.kv_type == DType::fp8_e4m3fn &&
+      row_tiles >= arch::kFp8CtasMinRowTiles)
+    return tp.fp8_ctas_per_sm;
+  return tp.ctas_per_sm;
+}
+
+// The plan shape decode() launches for `a` with policy `policy`.
+inline PlanShape plan_shape(const DecodeArgs& a, int policy, const DeviceInfo& dev) {
+  return plan_shape_for(a, policy, dev, plan_ctas_per_sm(a, policy));
 }
 
 // The policy decode() launches for `a` on `dev`.
@@ -44,9 +70,18 @@ inline int policy_rows(const DecodeArgs& a, const DeviceInfo& dev) {
 }
 
 // Workspace bytes of the launch of policy `policy`.
+// The larger of the plans for either number of CTAs per SM the policy can aim for, so that
+// the size does not depend on the KV type.
 inline std::int64_t policy_workspace_bytes(const DecodeArgs& a, int policy, const DeviceInfo& dev) {
-  const PlanShape shape = plan_shape(a, policy, dev);
-  return workspace_layout(shape, shape.row_tiles * arch::kPolicies[policy].rows).bytes;
+  const arch::TilePolicy& tp = arch::kPolicies[policy];
+  std::int64_t bytes = 0;
+  for (int ctas : {tp.ctas_per_sm, tp.fp8_ctas_per_sm}) {
+    if (ctas <= 0) continue;
+    const PlanShape shape = plan_shape_for(a, policy, dev, ctas);
+    const std::int64_t b = workspace_layout(shape, shape.row_tiles * tp.rows).bytes;
+    bytes = b > bytes ? b : bytes;
+  }
+  return bytes;
 }
 
 }  // namespace detail
@@ -153,8 +188,8 @@ inline Status launch_planner(const DecodeArgs& a, const PlanShape& shape, const 
   if (shape.batch <= kSmallPlannerThreads)
     return launch_kernel("plan_kernel", plan_kernel<kSmallPlannerThreads>, dim3(1),
                          dim3(kSmallPlannerThreads), 0, stream, a, shape, ws);
-  return launch_kernel("plan_kernel", plan_kernel<kPlannerThreads>, dim3(1),
-                       dim3(kPlannerThreads), 0, stream, a, shape, ws);
+  return launch_kernel("plan_kernel", plan_kernel<kPlannerThreads>, dim3(1), dim3(kPlannerThreads),
+                       0, stream, a, shape, ws);
 }
 
 // Launches planner, decode kernel and combine for one instantiation.
@@ -231,7 +266,7 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   if (!s) return s;
   if (shape.max_partials() > 0) {
     if (!(s = launch_combine<typename Problem::q_type>(
-             a, k.ws, combine_layout(shape, a.rows(), dev.sm_count), stream)))
+              a, k.ws, combine_layout(shape, a.rows(), dev.sm_count), stream)))
       return s;
   }
   return Status::ok();

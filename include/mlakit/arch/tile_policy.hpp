@@ -27,7 +27,17 @@ struct TilePolicy {
   // and is unchanged at page 64; the 16-row tile gains 8% at page size 1 but loses 4% at
   // page 64, so it keeps the lookup right before the copies.
   bool fp8_ids_ahead = false;
+  // e4m3fn raw path (NVIDIA): CTAs resident per SM when that path's smaller shared memory
+  // allows more than ctas_per_sm (0: ctas_per_sm). Launch bounds of that kernel; the automatic
+  // plan aims for them from kFp8CtasMinRowTiles row tiles of work up (plan_ctas_per_sm).
+  int fp8_ctas_per_sm = 0;
 };
+
+// Requests x row tiles from which the automatic plan aims for fp8_ctas_per_sm CTAs per SM: with
+// fewer, more CTAs only cut each request into more pieces (H200, 16 heads x q_len 1, fp8, page
+// 64: batch 1 kv 8192 18.4 -> 19.2 us, kv 131072 56.8 -> 61.6 us with 3 per SM instead of 2;
+// batch 32 and 128 gained 6 to 10%).
+inline constexpr int kFp8CtasMinRowTiles = 32;
 
 #if defined(MLAKIT_PLATFORM_HIP)
 // 64 KiB of LDS per workgroup on gfx90a/gfx942: 16 rows, 32-token tiles, 2 waves; KV is
@@ -39,16 +49,18 @@ inline constexpr TilePolicy kPolicies[] = {
 
 // NVIDIA sm_80/sm_90, up to 227 KB of shared memory per block.
 // rows 16 (bandwidth-bound shapes): 4 warps, 32-token tiles, ~92 KB, two CTAs per SM so one
-//   CTA's barriers and conversion overlap the other's loads and matrix work. e4m3fn KV: four
-//   raw 18 KB stages (3 and 5 stages measured the same; 64-token tiles were 5% faster with
-//   page size 64 and 30% slower with page size 1).
+//   CTA's barriers and conversion overlap the other's loads and matrix work. e4m3fn KV: two
+//   raw 18 KB stages (~56 KB), three CTAs per SM: the kernel is bound by the latency of its
+//   own instructions with two warps per scheduler (H200, q_len 1, batch 128: page 64 265 ->
+//   249 us, page 1 312 -> 282 us; two stages at two CTAs per SM measured the same as four;
+//   64-token tiles were 5% faster with page size 64 and 30% slower with page size 1).
 // rows 32: 8 warps, 64-token tiles, fp8 KV with three raw stages (108 KB), ~221 KB; e4m3fn
 //   KV: four raw 36 KB stages.
 // rows 64: sm_90a runs the warp-specialized mainloop (decode_ws_sm90.hpp: 384 threads, Q 72 KB
 //   + two 72 KB KV stages + P, 226 KB); the fallback elsewhere (sm_80) is mma.sync with 8
 //   warps and the numbers below.
 inline constexpr TilePolicy kPolicies[] = {
-    {16, 32, 128, 2, 36864, 2, 4, Mainloop::warp_mma},
+    {16, 32, 128, 2, 36864, 2, 2, Mainloop::warp_mma, false, 3},
     {32, 64, 256, 2, 110592, 1, 4, Mainloop::warp_mma, true},
     {64, 64, 256, 2, 73728, 1, 3, Mainloop::warpgroup_ws},
 };

@@ -79,6 +79,9 @@ struct DecodeTraits {
   static constexpr int kStages = kFp8Operands                 ? kPolicy.fp8_stages
                                  : (kDirect || kRegisterPath) ? kPolicy.stages
                                                               : 1;
+  // CTAs resident per SM (launch bounds); the host's plan_ctas_per_sm gives the same number.
+  static constexpr int kCtasPerSm =
+      kFp8Operands && kPolicy.fp8_ctas_per_sm > 0 ? kPolicy.fp8_ctas_per_sm : kPolicy.ctas_per_sm;
   static constexpr int kRawBytes =
       (kFp8Operands || kDirect || kRegisterPath) ? 0 : kPolicy.raw_bytes;
 
@@ -722,8 +725,7 @@ struct DecodeMainloop {
 };
 
 template <class Tr>
-__global__ void __launch_bounds__(Tr::kThreads, Tr::kPolicy.ctas_per_sm)
-    decode_kernel(const KernelArgs p) {
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kCtasPerSm) decode_kernel(const KernelArgs p) {
 #if defined(MLAKIT_WGMMA_ENABLED)
   // sm_90a code: the host launches decode_kernel_ws for warpgroup policies, never this one.
   constexpr bool kSkip = Tr::kWarpgroupPolicy;
