@@ -37,20 +37,15 @@ inline PlanShape plan_shape_for(const DecodeArgs& a, int policy, const DeviceInf
   return s;
 }
 
-// CTAs per SM the plan of `a` aims for with policy `policy`: the e4m3fn raw path (NVIDIA:
-// the table's e4m3fn entries, DecodeTraits::kCtasPerSm) of a policy with fp8_ctas_per_sm
-// keeps that many resident and uses them from kFp8CtasMinRowTiles requests x row tiles up.
-// (A custom kv_any_t instantiation given e4m3fn KV keeps ctas_per_sm resident: its plan then
-// has more CTAs than one wave, which is correct and only slower.)
+// CTAs per SM the plan of `a` aims for with policy `policy`: the e4m3fn raw path of a policy
+// with fp8_ctas_per_sm (NVIDIA policies only; the table's e4m3fn entries, whose kernels have
+// DecodeTraits::kCtasPerSm) keeps that many resident and uses them from kFp8CtasMinRowTiles
+// requests x row tiles up. (A custom kv_any_t instantiation given e4m3fn KV keeps ctas_per_sm
+// resident: its plan then has more CTAs than one wave, which is correct and only slower.)
 inline int plan_ctas_per_sm(const DecodeArgs& a, int policy) {
   const arch::TilePolicy& tp = arch::kPolicies[policy];
-#if defined(MLAKIT_PLATFORM_HIP)
-  constexpr bool kRawE4m3 = false;
-#else
-  constexpr bool kRawE4m3 = true;
-#endif
   const std::int64_t row_tiles = std::int64_t(a.batch) * ((a.rows() + tp.rows - 1) / tp.rows);
-  if (kRawE4m3 && tp.fp8_ctas_per_sm > 0 && a.kv_type == DType::fp8_e4m3fn &&
+  if (tp.fp8_ctas_per_sm > 0 && a.kv_type == DType::fp8_e4m3fn &&
       row_tiles >= arch::kFp8CtasMinRowTiles)
     return tp.fp8_ctas_per_sm;
   return tp.ctas_per_sm;
