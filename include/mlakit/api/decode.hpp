@@ -64,9 +64,8 @@ inline int policy_rows(const DecodeArgs& a, const DeviceInfo& dev) {
   return arch::kPolicies[policy_index(a, dev)].rows;
 }
 
-// Workspace bytes of the launch of policy `policy`.
-// The larger of the plans for either number of CTAs per SM the policy can aim for, so that
-// the size does not depend on the KV type.
+// Workspace bytes of a launch of policy `policy`: the larger of the plans for either number
+// of CTAs per SM the policy can aim for, so that the size does not depend on the KV type.
 inline std::int64_t policy_workspace_bytes(const DecodeArgs& a, int policy, const DeviceInfo& dev) {
   const arch::TilePolicy& tp = arch::kPolicies[policy];
   std::int64_t bytes = 0;

@@ -24,8 +24,9 @@ struct TilePolicy {
   Mainloop mainloop;
   // e4m3fn raw path: each thread loads its token's page id one tile ahead of the copies (one
   // token per thread). Measured per policy (H200): the 32-row tile gains ~10% at page size 1
-  // and is unchanged at page 64; the 16-row tile gains 8% at page size 1 but loses 4% at
-  // page 64, so it keeps the lookup right before the copies.
+  // and is unchanged at page 64; the 16-row tile (then with four stages, two CTAs per SM)
+  // gained 8% at page size 1 but lost 4% at page 64, so it keeps the lookup right before the
+  // copies.
   bool fp8_ids_ahead = false;
   // e4m3fn raw path (NVIDIA): CTAs resident per SM when that path's smaller shared memory
   // allows more than ctas_per_sm (0: ctas_per_sm). Launch bounds of that kernel; the automatic
