@@ -453,7 +453,11 @@ TEST_CASE("the e4m3fn 16-row plan aims for three CTAs per SM from 32 row tiles u
       const int idx = detail::policy_index(a, kH100);
       REQUIRE(arch::kPolicies[idx].rows == 16);
       const bool three = kv == DType::fp8_e4m3fn && batch >= arch::kFp8CtasMinRowTiles;
-      CHECK(detail::plan_ctas_per_sm(a, idx) == (three ? 3 : 2));
+      CHECK(detail::table_ctas_per_sm(a, idx) == (kv == DType::fp8_e4m3fn ? 3 : 2));
+      CHECK(detail::plan_ctas_per_sm(a, idx, detail::table_ctas_per_sm(a, idx)) ==
+            (three ? 3 : 2));
+      // A kernel that keeps two resident (a kv_any_t entry given e4m3fn KV) is planned for two.
+      CHECK(detail::plan_ctas_per_sm(a, idx, 2) == 2);
       const PlanShape s = detail::plan_shape(a, idx, kH100);
       CHECK(s.num_ctas == (three ? 3 : 2) * kH100.sm_count);
       // The workspace holds the plan of either CTA count, whatever the KV type.

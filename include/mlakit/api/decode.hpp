@@ -37,23 +37,28 @@ inline PlanShape plan_shape_for(const DecodeArgs& a, int policy, const DeviceInf
   return s;
 }
 
-// CTAs per SM the plan of `a` aims for with policy `policy`: the e4m3fn raw path of a policy
-// with fp8_ctas_per_sm (NVIDIA policies only; the table's e4m3fn entries, whose kernels have
-// DecodeTraits::kCtasPerSm) keeps that many resident and uses them from kFp8CtasMinRowTiles
-// requests x row tiles up. (A custom kv_any_t instantiation given e4m3fn KV keeps ctas_per_sm
-// resident: its plan then has more CTAs than one wave, which is correct and only slower.)
-inline int plan_ctas_per_sm(const DecodeArgs& a, int policy) {
+// CTAs per SM the automatic plan of `a` aims for with policy `policy`, for a kernel that keeps
+// `resident` CTAs per SM (DecodeTraits::kCtasPerSm): more than the policy's ctas_per_sm only
+// from kFp8CtasMinRowTiles requests x row tiles up.
+inline int plan_ctas_per_sm(const DecodeArgs& a, int policy, int resident) {
   const arch::TilePolicy& tp = arch::kPolicies[policy];
   const std::int64_t row_tiles = std::int64_t(a.batch) * ((a.rows() + tp.rows - 1) / tp.rows);
-  if (tp.fp8_ctas_per_sm > 0 && a.kv_type == DType::fp8_e4m3fn &&
-      row_tiles >= arch::kFp8CtasMinRowTiles)
-    return tp.fp8_ctas_per_sm;
-  return tp.ctas_per_sm;
+  return resident > tp.ctas_per_sm && row_tiles >= arch::kFp8CtasMinRowTiles ? resident
+                                                                             : tp.ctas_per_sm;
 }
 
-// The plan shape decode() launches for `a` with policy `policy`.
+// CTAs per SM resident in the kernel the dispatch table launches for `a` with policy `policy`:
+// its e4m3fn entries read KV raw (DecodeTraits::kFp8Operands) and keep fp8_ctas_per_sm where
+// the policy has one (NVIDIA); every other entry keeps ctas_per_sm.
+inline int table_ctas_per_sm(const DecodeArgs& a, int policy) {
+  const arch::TilePolicy& tp = arch::kPolicies[policy];
+  return tp.fp8_ctas_per_sm > 0 && a.kv_type == DType::fp8_e4m3fn ? tp.fp8_ctas_per_sm
+                                                                  : tp.ctas_per_sm;
+}
+
+// The plan shape decode() launches for `a` with policy `policy` through the dispatch table.
 inline PlanShape plan_shape(const DecodeArgs& a, int policy, const DeviceInfo& dev) {
-  return plan_shape_for(a, policy, dev, plan_ctas_per_sm(a, policy));
+  return plan_shape_for(a, policy, dev, plan_ctas_per_sm(a, policy, table_ctas_per_sm(a, policy)));
 }
 
 // The policy decode() launches for `a` on `dev`.
@@ -191,7 +196,10 @@ template <class Problem, int PolicyIndex>
 inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* workspace,
                               std::size_t workspace_size, Stream stream) {
   using Tr = DecodeTraits<Problem, PolicyIndex>;
-  const PlanShape shape = plan_shape(a, PolicyIndex, dev);
+  // The plan aims for the CTAs this kernel keeps resident (for the table's entries the same
+  // as plan_shape(); a kv_any_t entry given e4m3fn KV keeps ctas_per_sm).
+  const PlanShape shape =
+      plan_shape_for(a, PolicyIndex, dev, plan_ctas_per_sm(a, PolicyIndex, Tr::kCtasPerSm));
   const int rows_padded = shape.row_tiles * Tr::kRows;
   const WorkspaceLayout wl = workspace_layout(shape, rows_padded);
   if (workspace == nullptr || workspace_size < static_cast<std::size_t>(wl.bytes))

@@ -123,10 +123,7 @@ __device__ __forceinline__ void e4m3fn_x2_to_float(std::uint16_t two, float& lo,
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   std::uint32_t h2;
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h2) : "h"(two));
-  const __half2 h = *reinterpret_cast<const __half2*>(&h2);
-  const float2 f = __half22float2(h);
-  lo = f.x;
-  hi = f.y;
+  unpack2<fp16_t>(h2, lo, hi);
 #else
   lo = decode_e4m3fn(std::uint8_t(two & 0xFF));
   hi = decode_e4m3fn(std::uint8_t(two >> 8));

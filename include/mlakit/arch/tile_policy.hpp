@@ -29,8 +29,9 @@ struct TilePolicy {
   // copies.
   bool fp8_ids_ahead = false;
   // e4m3fn raw path (NVIDIA): CTAs resident per SM when that path's smaller shared memory
-  // allows more than ctas_per_sm (0: ctas_per_sm). Launch bounds of that kernel; the automatic
-  // plan aims for them from kFp8CtasMinRowTiles row tiles of work up (plan_ctas_per_sm).
+  // allows more than ctas_per_sm (0: ctas_per_sm). Launch bounds of that kernel
+  // (DecodeTraits::kCtasPerSm); the automatic plan aims for them from kFp8CtasMinRowTiles row
+  // tiles of work up (api/decode.hpp, plan_ctas_per_sm).
   int fp8_ctas_per_sm = 0;
 };
 

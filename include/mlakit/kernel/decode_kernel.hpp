@@ -79,7 +79,7 @@ struct DecodeTraits {
   static constexpr int kStages = kFp8Operands                 ? kPolicy.fp8_stages
                                  : (kDirect || kRegisterPath) ? kPolicy.stages
                                                               : 1;
-  // CTAs resident per SM (launch bounds); the host's plan_ctas_per_sm gives the same number.
+  // CTAs resident per SM (launch bounds); the launch's plan aims for them (plan_ctas_per_sm).
   static constexpr int kCtasPerSm =
       kFp8Operands && kPolicy.fp8_ctas_per_sm > 0 ? kPolicy.fp8_ctas_per_sm : kPolicy.ctas_per_sm;
   static constexpr int kRawBytes =

@@ -106,7 +106,7 @@ struct WsMainloop {
   // bounds gave every thread (168 = 65536 / 384 rounded down to 8), so the split must fit it
   // or the consumers wait forever.
   static_assert(kConsumerThreads * kConsumerRegs + kProducerThreads * kProducerRegs <=
-                    kThreads * 168,
+                    kThreads * (65536 / kThreads / 8 * 8),
                 "the register split exceeds the CTA's allocation");
   static constexpr int kChunkBytes = Tile::kChunkBytes;  // 64 tokens x 64 columns, 8 KB
   static constexpr int kLo = 0, kHi = 1;                 // release groups: chunks 0-3, 4-8
@@ -470,7 +470,6 @@ struct WsMainloop {
     }
     arch::fence_proxy_async_smem();
   }
-
 
   // Q's rope columns (chunk 8 of sQ, columns 512..575) as the register A fragments of the
   // four k-steps of S's last chunk: rq[4 j .. 4 j + 3] is k-step j (the layout of pf). With
@@ -898,7 +897,8 @@ __global__ void __launch_bounds__(384, 1) decode_kernel_ws(const KernelArgs p) {
   if (threadIdx.x == 0) {
     // Arrivals that release each stage half (see the header comment): stage 0 holds tile A,
     // stage 1 tile B.
-    constexpr int kReleasers[2][2] = {{4, 4}, {4, 4}};  // the warps of one warpgroup each
+    constexpr int kW = ML::kConsumerThreads / 2 / 32;  // the warps of one warpgroup
+    constexpr int kReleasers[2][2] = {{kW, kW}, {kW, kW}};
     ML::Pipeline::init(sv.bars, kReleasers);
     arch::mbar_init_fence();
   }
