@@ -152,6 +152,27 @@ TEST_CASE("page sizes and page-id formats", "[gpu]") {
     }
 }
 
+// The 16-row e4m3fn tile has two kernels, chosen by page size: page ids loaded a tile ahead
+// below the 32-token tile, right before the copies from 32 up. Both sides of the boundary,
+// the table instantiation (12 heads) and the fixed 16-head one, both Q types, both id formats,
+// lengths that end inside a tile and a page.
+TEST_CASE("16-row e4m3fn tile: page sizes on both sides of its kernel choice", "[gpu]") {
+  MLAKIT_REQUIRE_GPU();
+  for (int ps : {1, 3, 16, 31, 32, 33, 64})
+    for (int heads : {16, 12})
+      for (DType q : {DType::bf16, DType::fp16}) {
+        Case c = crash_shape();
+        c.q_type = q;
+        c.heads = heads;
+        c.q_len = 1;
+        c.page_size = ps;
+        c.ids = (ps + heads) % 2 == 0 ? PageIds::block_table : PageIds::csr;
+        c.kv_lens = {0, 1, 31, 33, 95, 1000, 4099};
+        c.seed = 1900 + ps * 4 + heads + int(q);
+        check_case(c);
+      }
+}
+
 TEST_CASE("split modes, LSE on and off", "[gpu]") {
   MLAKIT_REQUIRE_GPU();
   struct S {

@@ -225,16 +225,27 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   const bool self_plan = !warpgroup && self_plan_fits && shape.mode == SplitMode::automatic &&
                          shape.batch <= kSelfPlanMaxBatch;
   const int smem_bytes = Tr::kSmemBytes + (self_plan ? kSelfPlanBytes : 0);
+  // The mma.sync kernel; a policy whose e4m3fn path loads page ids a tile ahead for small
+  // pages only has a second kernel (same shared memory, grid and plan) for them.
+  using TrAhead = DecodeTraits<Problem, PolicyIndex, true>;
+  void (*mma_kernel)(KernelArgs) = decode_kernel<Tr>;
+  bool ids_ahead = false;
+  if constexpr (Tr::kIdsAheadByPage) {
+    ids_ahead = a.page_size < Tr::kKvTile;
+    if (ids_ahead) mma_kernel = decode_kernel<TrAhead>;
+  }
   if (!warpgroup) {
     if (Tr::kSmemBytes > dev.max_smem_optin)
       return Status(StatusCode::not_supported,
                     "device shared memory per block " + std::to_string(dev.max_smem_optin) + " < " +
                         std::to_string(Tr::kSmemBytes) + " bytes the kernel needs");
     // The attribute allows the larger size whenever the device has room for it.
-    if (!(s = prepare_kernel<Tr>(decode_kernel<Tr>,
-                                 Tr::kSmemBytes + (self_plan_fits ? kSelfPlanBytes : 0),
-                                 dev.device)))
-      return s;
+    const int smem_attr = Tr::kSmemBytes + (self_plan_fits ? kSelfPlanBytes : 0);
+    if constexpr (Tr::kIdsAheadByPage) {
+      if (ids_ahead) s = prepare_kernel<TrAhead>(mma_kernel, smem_attr, dev.device);
+    }
+    if (!ids_ahead) s = prepare_kernel<Tr>(mma_kernel, smem_attr, dev.device);
+    if (!s) return s;
   }
 
   KernelArgs k;
@@ -257,13 +268,13 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
       s = launch_kernel("decode_kernel_ws", decode_kernel_ws<Tr>, grid,
                         dim3(WsMainloop<Tr>::kThreads), sizeof(WsSharedStorage), stream, k);
     else
-      s = launch_kernel("decode_kernel", decode_kernel<Tr>, grid, dim3(Tr::kThreads), smem_bytes,
-                        stream, k);
+      s = launch_kernel("decode_kernel", mma_kernel, grid, dim3(Tr::kThreads), smem_bytes, stream,
+                        k);
   } else
 #endif
   {
-    s = launch_kernel("decode_kernel", decode_kernel<Tr>, grid, dim3(Tr::kThreads), smem_bytes,
-                      stream, k);
+    s = launch_kernel("decode_kernel", mma_kernel, grid, dim3(Tr::kThreads), smem_bytes, stream,
+                      k);
   }
   if (!s) return s;
   if (shape.max_partials() > 0) {

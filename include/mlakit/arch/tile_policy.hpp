@@ -12,6 +12,11 @@ namespace mlakit::arch {
 // falls back to warp_mma with `threads` threads.
 enum class Mainloop : int { warp_mma = 0, warpgroup_ws = 2 };
 
+// When the e4m3fn raw path of the mma.sync mainloop loads each token's page id one tile ahead
+// of the token's copies instead of right before them. small_pages: for page sizes below the
+// KV tile only, through a second kernel of the policy that the launch picks by page size.
+enum class IdsAhead : int { never = 0, always = 1, small_pages = 2 };
+
 struct TilePolicy {
   int rows;         // rows (token, head) per CTA: 16, 32 or 64
   int kv_tile;      // KV tokens per pipeline step
@@ -23,11 +28,10 @@ struct TilePolicy {
   int fp8_stages;   // raw KV stages when the matrix atom reads e4m3fn KV raw (NVIDIA)
   Mainloop mainloop;
   // e4m3fn raw path: each thread loads its token's page id one tile ahead of the copies (one
-  // token per thread). Measured per policy (H200): the 32-row tile gains ~10% at page size 1
-  // and is unchanged at page 64; the 16-row tile (then with four stages, two CTAs per SM)
-  // gained 8% at page size 1 but lost 4% at page 64, so it keeps the lookup right before the
-  // copies.
-  bool fp8_ids_ahead = false;
+  // token per thread). Measured per policy (H200, q_len 1 or 2 at 16 heads, batch 128): the
+  // 32-row tile gains ~10% at page size 1 and is unchanged at page 64 (always); the 16-row
+  // tile gains 4.5% at page size 1 and loses 4% at page 64 (small_pages).
+  IdsAhead fp8_ids_ahead = IdsAhead::never;
   // e4m3fn raw path (NVIDIA): CTAs resident per SM when that path's smaller shared memory
   // allows more than ctas_per_sm (0: ctas_per_sm). Launch bounds of that kernel
   // (DecodeTraits::kCtasPerSm); the automatic plan aims for them from kFp8CtasMinRowTiles row
@@ -62,8 +66,8 @@ inline constexpr TilePolicy kPolicies[] = {
 //   + two 72 KB KV stages + P, 226 KB); the fallback elsewhere (sm_80) is mma.sync with 8
 //   warps and the numbers below.
 inline constexpr TilePolicy kPolicies[] = {
-    {16, 32, 128, 2, 36864, 2, 2, Mainloop::warp_mma, false, 3},
-    {32, 64, 256, 2, 110592, 1, 4, Mainloop::warp_mma, true},
+    {16, 32, 128, 2, 36864, 2, 2, Mainloop::warp_mma, IdsAhead::small_pages, 3},
+    {32, 64, 256, 2, 110592, 1, 4, Mainloop::warp_mma, IdsAhead::always},
     {64, 64, 256, 2, 73728, 1, 3, Mainloop::warpgroup_ws},
 };
 #endif

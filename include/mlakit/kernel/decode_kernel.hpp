@@ -39,7 +39,9 @@
 
 namespace mlakit::detail {
 
-template <class ProblemT, int PolicyIndex>
+// IdsAheadKernel: the second kernel of a policy whose e4m3fn path looks page ids up a tile
+// ahead for small pages only (arch::IdsAhead::small_pages); the launch picks it by page size.
+template <class ProblemT, int PolicyIndex, bool IdsAheadKernel = false>
 struct DecodeTraits {
   using Problem = ProblemT;
   using Tq = typename Problem::q_type;  // Q and output type
@@ -84,6 +86,14 @@ struct DecodeTraits {
       kFp8Operands && kPolicy.fp8_ctas_per_sm > 0 ? kPolicy.fp8_ctas_per_sm : kPolicy.ctas_per_sm;
   static constexpr int kRawBytes =
       (kFp8Operands || kDirect || kRegisterPath) ? 0 : kPolicy.raw_bytes;
+  // e4m3fn raw path: page ids loaded a tile ahead (TilePolicy::fp8_ids_ahead). kIdsAheadByPage:
+  // the policy has a second kernel (IdsAheadKernel) that the launch runs for page sizes below
+  // the KV tile.
+  static constexpr bool kIdsAheadByPage =
+      kFp8Operands && kStages > 1 && kPolicy.fp8_ids_ahead == arch::IdsAhead::small_pages;
+  static constexpr bool kIdsAhead =
+      kFp8Operands && kStages > 1 &&
+      (kPolicy.fp8_ids_ahead == arch::IdsAhead::always || (kIdsAheadByPage && IdsAheadKernel));
 
   using QLayout = SwizzledRows<kHeadDimQK>;
   using KvLayout = SwizzledRows<kHeadDimQK>;
@@ -389,12 +399,13 @@ struct DecodeMainloop {
         }
       }
 
-      // e4m3fn raw path of policies with fp8_ids_ahead: the page id of the tile issued at
-      // step `it` was loaded at step `it - 1` (a lookup right before the copies puts one or
-      // two dependent global loads, CSR: kv_indptr then kv_indices, between every tile's
-      // barrier and its copies). Chosen at compile time for every page size: the same choice
-      // made at run time (page_size < KvTile) measured slower than either.
-      constexpr bool kIdsAhead = Tr::kFp8Operands && Tr::kPolicy.fp8_ids_ahead && Tr::kStages > 1;
+      // e4m3fn raw path of kernels with Tr::kIdsAhead: the page id of the tile issued at step
+      // `it` was loaded at step `it - 1` (a lookup right before the copies puts one or two
+      // dependent global loads, CSR: kv_indptr then kv_indices, between every tile's barrier
+      // and its copies). Fixed per kernel: the same choice made inside one kernel at run time
+      // (page_size < KvTile) measured slower than either; where it depends on the page size
+      // the launch picks one of two kernels instead (DecodeTraits::kIdsAheadByPage).
+      constexpr bool kIdsAhead = Tr::kIdsAhead;
       const std::int32_t* table = kIdsAhead ? page_table() : nullptr;
       int next_id = 0;
       if constexpr (kIdsAhead)
