@@ -225,15 +225,12 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   const bool self_plan = !warpgroup && self_plan_fits && shape.mode == SplitMode::automatic &&
                          shape.batch <= kSelfPlanMaxBatch;
   const int smem_bytes = Tr::kSmemBytes + (self_plan ? kSelfPlanBytes : 0);
-  // The mma.sync kernel; a policy whose e4m3fn path loads page ids a tile ahead for small
-  // pages only has a second kernel (same shared memory, grid and plan) for them.
-  using TrAhead = DecodeTraits<Problem, PolicyIndex, true>;
-  void (*mma_kernel)(KernelArgs) = decode_kernel<Tr>;
-  bool ids_ahead = false;
-  if constexpr (Tr::kIdsAheadByPage) {
-    ids_ahead = a.page_size < Tr::kKvTile;
-    if (ids_ahead) mma_kernel = decode_kernel<TrAhead>;
-  }
+  // The mma.sync kernel. A policy whose e4m3fn path loads page ids a tile ahead for small
+  // pages only has a second kernel (same shared memory, grid and plan) for them; for every
+  // other instantiation TrAhead is Tr itself.
+  using TrAhead = DecodeTraits<Problem, PolicyIndex, Tr::kIdsAheadByPage>;
+  const bool ids_ahead = Tr::kIdsAheadByPage && a.page_size < Tr::kKvTile;
+  void (*mma_kernel)(KernelArgs) = ids_ahead ? decode_kernel<TrAhead> : decode_kernel<Tr>;
   if (!warpgroup) {
     if (Tr::kSmemBytes > dev.max_smem_optin)
       return Status(StatusCode::not_supported,
@@ -241,10 +238,8 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
                         std::to_string(Tr::kSmemBytes) + " bytes the kernel needs");
     // The attribute allows the larger size whenever the device has room for it.
     const int smem_attr = Tr::kSmemBytes + (self_plan_fits ? kSelfPlanBytes : 0);
-    if constexpr (Tr::kIdsAheadByPage) {
-      if (ids_ahead) s = prepare_kernel<TrAhead>(mma_kernel, smem_attr, dev.device);
-    }
-    if (!ids_ahead) s = prepare_kernel<Tr>(mma_kernel, smem_attr, dev.device);
+    s = ids_ahead ? prepare_kernel<TrAhead>(mma_kernel, smem_attr, dev.device)
+                  : prepare_kernel<Tr>(mma_kernel, smem_attr, dev.device);
     if (!s) return s;
   }
 

@@ -427,15 +427,11 @@ struct DecodeMainloop {
           block_sync();
           if constexpr (Tr::kStages > 1) {
             const int nx = it + Tr::kStages - 1;
-            if constexpr (kIdsAhead) {
-              if (nx < n_tiles)
-                load_kv<kIdsAhead>(kv_begin + nx * Tr::kKvTile, kv_end, nx % Tr::kStages, next_id);
-              Copy::commit();
+            if (nx < n_tiles)
+              load_kv<kIdsAhead>(kv_begin + nx * Tr::kKvTile, kv_end, nx % Tr::kStages, next_id);
+            Copy::commit();
+            if constexpr (kIdsAhead)
               next_id = page_id_of(table, kv_begin + (nx + 1) * Tr::kKvTile, kv_end);
-            } else {
-              if (nx < n_tiles) load_kv(kv_begin + nx * Tr::kKvTile, kv_end, nx % Tr::kStages);
-              Copy::commit();
-            }
           }
           if constexpr (Tr::kFp8Operands)
             tile = sKvRaw(it % Tr::kStages);
