@@ -29,6 +29,17 @@ __device__ __forceinline__ std::uint64_t wgmma_desc(std::uint32_t smem_addr, std
   return d;
 }
 
+// The same with the 64-byte swizzle (rows of 64 bytes; tiles start on 512-byte boundaries).
+__device__ __forceinline__ std::uint64_t wgmma_desc_sw64(std::uint32_t smem_addr,
+                                                         std::uint32_t sbo) {
+  std::uint64_t d = 0;
+  d |= std::uint64_t((smem_addr & 0x3FFFF) >> 4);
+  d |= std::uint64_t(1) << 16;  // LBO: unused by swizzled K-major operands
+  d |= std::uint64_t((sbo & 0x3FFFF) >> 4) << 32;
+  d |= std::uint64_t(2) << 62;  // 64B swizzle
+  return d;
+}
+
 __device__ __forceinline__ void wgmma_fence() {
 #if defined(MLAKIT_WGMMA_ENABLED)
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -214,6 +225,66 @@ struct Wgmma {
   }
 };
 
+// e4m3 x e4m3 -> f32, k = 32 per instruction; both operands K-major (no transpose operands
+// exist for fp8). A from registers: four 32-bit registers per thread, register r holding row
+// g + 8 (r & 1) of the warp's 16, columns 16 (r >> 1) + 4t + {0..3} (byte order).
+#define MLAKIT_WGMMA8_SS(SHAPE, REGS, IA, IB, IP, ...)                                      \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " IP                                      \
+               ", 0;\n"                                                                    \
+               "wgmma.mma_async.sync.aligned." SHAPE ".f32.e4m3.e4m3 " REGS ", " IA ", " IB \
+               ", p, 1, 1;\n}\n"                                                           \
+               : __VA_ARGS__                                                               \
+               : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)))
+#define MLAKIT_WGMMA8_RS(SHAPE, REGS, IA0, IB, IP, ...)                                      \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " IP                                       \
+               ", 0;\n"                                                                     \
+               "wgmma.mma_async.sync.aligned." SHAPE ".f32.e4m3.e4m3 " REGS ", " IA0 ", " IB \
+               ", p, 1, 1;\n}\n"                                                            \
+               : __VA_ARGS__                                                                \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)))
+
+struct WgmmaE4m3 {
+  // D[64 x 64] (+)= A[64 x 32] B[32 x 64].
+  __device__ static void mma_ss_n64(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b,
+                                    bool accumulate) {
+#if defined(MLAKIT_WGMMA_ENABLED)
+    MLAKIT_WGMMA8_SS("m64n64k32", MLAKIT_WGMMA_REGS32, "%32", "%33", "%34", MLAKIT_WGMMA_OUT32);
+#else
+    (void)d, (void)desc_a, (void)desc_b, (void)accumulate;
+#endif
+  }
+  __device__ static void mma_rs_n64(float (&d)[32], const std::uint32_t (&a)[4],
+                                    std::uint64_t desc_b, bool accumulate) {
+#if defined(MLAKIT_WGMMA_ENABLED)
+    MLAKIT_WGMMA8_RS("m64n64k32", MLAKIT_WGMMA_REGS32, "{%32,%33,%34,%35}", "%36", "%37",
+                     MLAKIT_WGMMA_OUT32);
+#else
+    (void)d, (void)a, (void)desc_b, (void)accumulate;
+#endif
+  }
+  // D[64 x 256] (+)= A[64 x 32] B[32 x 256].
+  __device__ static void mma_ss_n256(float (&d)[128], std::uint64_t desc_a, std::uint64_t desc_b,
+                                     bool accumulate) {
+#if defined(MLAKIT_WGMMA_ENABLED)
+    MLAKIT_WGMMA8_SS("m64n256k32", MLAKIT_WGMMA_REGS128, "%128", "%129", "%130",
+                     MLAKIT_WGMMA_OUT128);
+#else
+    (void)d, (void)desc_a, (void)desc_b, (void)accumulate;
+#endif
+  }
+  __device__ static void mma_rs_n256(float (&d)[128], const std::uint32_t (&a)[4],
+                                     std::uint64_t desc_b, bool accumulate) {
+#if defined(MLAKIT_WGMMA_ENABLED)
+    MLAKIT_WGMMA8_RS("m64n256k32", MLAKIT_WGMMA_REGS128, "{%128,%129,%130,%131}", "%132", "%133",
+                     MLAKIT_WGMMA_OUT128);
+#else
+    (void)d, (void)a, (void)desc_b, (void)accumulate;
+#endif
+  }
+};
+
+#undef MLAKIT_WGMMA8_SS
+#undef MLAKIT_WGMMA8_RS
 #undef MLAKIT_WGMMA_RS
 #undef MLAKIT_WGMMA_OUT32
 #undef MLAKIT_WGMMA_REGS32

@@ -1,0 +1,160 @@
+#pragma once
+// e4m3 operands for the Hopper warpgroup atom (sm_90a): the pieces an fp8 mainloop needs
+// around `WgmmaE4m3` (wgmma_sm90.hpp), where both operands must be K-major (fp8 wgmma has no
+// transposed form) and one-byte values carry 4 significant bits.
+//
+//   - Two-plane operands. A 16-bit operand x (Q, or P scaled by 256) is fed as two e4m3
+//     planes hi = e4m3(x), lo = e4m3(x - hi): hi + lo keeps about 8 significant bits (bf16's
+//     precision) as long as x is scaled into e4m3's normal range (|x| up to 448, normal from
+//     2^-6); each k-step then runs two fp8 wgmma, the time of one 16-bit wgmma.
+//   - Key order of P. The accumulator of S holds, per thread, keys 8j + 2t + {0, 1}; an e4m3
+//     A fragment holds K-indices 4t + {0..3} (+16). Instead of shuffling P between lanes, the
+//     K index kappa of the P V product is a permutation of the keys (key_of_kappa, within
+//     each 16-key block): P's fragment is packed from the thread's own accumulators
+//     (pack_p_e4m3) and V^T is written in the same order (transpose_v_e4m3).
+//   - V^T. O += P V needs V with the keys contiguous (K-major B), while a KV tile arrives
+//     token by token: V^T rows are dims, 64 kappa bytes each, with the 64-byte swizzle.
+//
+// Layouts (tiles 1024-byte aligned for the 128-byte swizzle, 512-byte for the 64-byte one):
+//   raw KV / Q planes: chunks of 128 columns, [rows][128 B], 16-byte unit u of row r at
+//     u ^ (r & 7) (descriptor: swizzle 128B, SBO 1024; k32 step +32 B; chunk stride rows*128)
+//   V^T and P planes: [rows][64 B], unit u of row r at u ^ ((r >> 1) & 3) (swizzle 64B,
+//     SBO 512; k32 step +32 B)
+// Only sm_90a device code emits the instructions; the host-side key order is usable anywhere.
+#include <cstdint>
+
+#include "../platform/platform.hpp"
+#include "pipeline_sm90.hpp"
+#include "wgmma_sm90.hpp"
+
+namespace mlakit::arch {
+
+// The key (within a tile) at K index kappa of the e4m3 P V product: kappa = 16 c + 4 t + b
+// holds key 16 c + 2 t + b (b < 2) or 16 c + 8 + 2 t + (b - 2).
+MLAKIT_HOST_DEVICE constexpr int key_of_kappa(int kappa) {
+  const int blk = kappa & ~15, t = (kappa & 15) >> 2, b = kappa & 3;
+  return blk + (b < 2 ? 2 * t + b : 8 + 2 * t + b - 2);
+}
+
+// Byte offset of (row, column byte) in a [rows][128 B] chunk with the 128-byte swizzle and in a
+// [rows][64 B] tile with the 64-byte swizzle.
+MLAKIT_HOST_DEVICE constexpr std::uint32_t sw128_offset(int row, int col) {
+  return std::uint32_t(row * 128 + ((((col >> 4) ^ (row & 7))) << 4) + (col & 15));
+}
+MLAKIT_HOST_DEVICE constexpr std::uint32_t sw64_offset(int row, int col) {
+  return std::uint32_t(row * 64 + ((((col >> 4) ^ ((row >> 1) & 3))) << 4) + (col & 15));
+}
+
+#if defined(MLAKIT_PLATFORM_CUDA)
+
+// Four floats -> four e4m3fn bytes (round to nearest even, saturating to +-448), x0 in the
+// lowest byte.
+__device__ __forceinline__ std::uint32_t f32x4_to_e4m3x4(float x0, float x1, float x2, float x3) {
+#if defined(MLAKIT_WGMMA_ENABLED)
+  std::uint16_t lo, hi;
+  // cvt packs its first source into the upper byte.
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(x1), "f"(x0));
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(x3), "f"(x2));
+  return std::uint32_t(lo) | (std::uint32_t(hi) << 16);
+#else
+  (void)x0, (void)x1, (void)x2, (void)x3;
+  return 0;
+#endif
+}
+
+// Four e4m3fn bytes -> floats (exact), byte 0 first.
+__device__ __forceinline__ void e4m3x4_to_f32x4(std::uint32_t w, float (&x)[4]) {
+#if defined(MLAKIT_WGMMA_ENABLED)
+  std::uint32_t h01, h23;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h01) : "h"(static_cast<std::uint16_t>(w & 0xFFFFu)));
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h23) : "h"(static_cast<std::uint16_t>(w >> 16)));
+  const std::uint16_t h[4] = {static_cast<std::uint16_t>(h01), static_cast<std::uint16_t>(h01 >> 16),
+                              static_cast<std::uint16_t>(h23), static_cast<std::uint16_t>(h23 >> 16)};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) asm("cvt.f32.f16 %0, %1;\n" : "=f"(x[k]) : "h"(h[k]));
+#else
+  (void)w;
+  x[0] = x[1] = x[2] = x[3] = 0.0f;
+#endif
+}
+
+// x ~ hi + lo, four values per word (byte k of both words is x[k]).
+__device__ __forceinline__ void split_e4m3x4(const float (&x)[4], std::uint32_t& hi,
+                                             std::uint32_t& lo) {
+  hi = f32x4_to_e4m3x4(x[0], x[1], x[2], x[3]);
+  float h[4];
+  e4m3x4_to_f32x4(hi, h);
+  lo = f32x4_to_e4m3x4(x[0] - h[0], x[1] - h[1], x[2] - h[2], x[3] - h[3]);
+}
+
+// P (an S accumulator of wgmma m64n64: s[i] is row g + 8 ((i >> 1) & 1) of the warp's 16,
+// key 8 (i >> 2) + 2t + (i & 1)) times `scale` -> the two-plane A fragments of the e4m3 P V
+// product in kappa order: hi[4 j + r] / lo[4 j + r] is register r of k-step j (keys 32 j ..
+// 32 j + 31). Register r holds row g + 8 (r & 1), kappa 32 j + 16 (r >> 1) + 4t + {0..3} =
+// accumulators i0, i0 + 1, i0 + 4, i0 + 5 with i0 = 16 j + 8 (r >> 1) + 2 (r & 1).
+__device__ __forceinline__ void pack_p_e4m3(const float (&s)[32], float scale,
+                                            std::uint32_t (&hi)[8], std::uint32_t (&lo)[8]) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int i0 = 16 * j + 8 * (r >> 1) + 2 * (r & 1);
+      const float x[4] = {s[i0] * scale, s[i0 + 1] * scale, s[i0 + 4] * scale,
+                          s[i0 + 5] * scale};
+      split_e4m3x4(x, hi[4 * j + r], lo[4 * j + r]);
+    }
+  }
+}
+
+// The same fragments into a K-major [64 rows][64 kappa bytes] tile with the 64-byte swizzle at
+// shared address dst (this thread's rows 16 wi + g (+8)), the A operand of the other
+// warpgroup's P V.
+__device__ __forceinline__ void store_p_e4m3(const std::uint32_t (&a)[8], std::uint32_t dst,
+                                             int wi, int g, int t) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int row = 16 * wi + g + 8 * (r & 1);
+      const int kappa = 32 * j + 16 * (r >> 1) + 4 * t;
+      sts32(dst + sw64_offset(row, kappa), a[4 * j + r]);
+    }
+  }
+}
+
+// V^T of dims [0, dims) of a raw 64-token tile: src holds the tile's bytes as 128-column
+// chunks (sw128_offset, chunk stride 8 KB), dst gets rows = dims, 64 kappa bytes each
+// (sw64_offset), kappa order key_of_kappa. Thread tid of nthreads; each step moves four
+// tokens x four dims (4 loads, a 4 x 4 byte transpose, 4 stores), consecutive threads taking
+// consecutive kappa groups of the same dims (16 threads store one 64-byte row). The caller
+// fences the async proxy and synchronises before a wgmma reads dst. Measured (H200, one
+// warpgroup alone on an SM, 64 tokens x 512 dims): ~2900 cycles per tile with this thread
+// order and the loop unrolled by 4 (~1.2 us at 1.98 GHz), ~4900 cycles with consecutive
+// threads on consecutive dims (16-way store conflicts). Still the duration of a whole 64-row
+// tile's matrix work at q_len 8, so a mainloop needs it off the critical path or faster
+// (ldmatrix byte-pair transposes, conflict-free store order: not done yet).
+__device__ __forceinline__ void transpose_v_e4m3(std::uint32_t src, std::uint32_t dst, int dims,
+                                                 int tid, int nthreads) {
+  const int items = (dims / 4) * 16;  // (4-dim group, 4-kappa group), kappa group fastest
+#pragma unroll 4
+  for (int it = tid; it < items; it += nthreads) {
+    const int kappa0 = 4 * (it % 16), d = 4 * (it / 16);
+    std::uint32_t w[4];
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const int tok = key_of_kappa(kappa0 + b);
+      w[b] = lds32(src + (d >> 7) * 8192 + sw128_offset(tok, d & 127));
+    }
+    // w[b] byte j = V[token b][d + j]  ->  out[j] byte b.
+    const std::uint32_t t0 = __byte_perm(w[0], w[1], 0x5140), t1 = __byte_perm(w[0], w[1], 0x7362);
+    const std::uint32_t t2 = __byte_perm(w[2], w[3], 0x5140), t3 = __byte_perm(w[2], w[3], 0x7362);
+    const std::uint32_t out[4] = {__byte_perm(t0, t2, 0x5410), __byte_perm(t0, t2, 0x7632),
+                                  __byte_perm(t1, t3, 0x5410), __byte_perm(t1, t3, 0x7632)};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) sts32(dst + sw64_offset(d + j, kappa0), out[j]);
+  }
+}
+
+#endif  // MLAKIT_PLATFORM_CUDA
+
+}  // namespace mlakit::arch
