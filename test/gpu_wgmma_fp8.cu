@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(128) fp8_operands_kernel(const float* q, const
           *reinterpret_cast<const std::uint32_t*>(v + r * kDims + c));
   }
   __syncthreads();
-  transpose_v_e4m3(addr(sm.v[0]), addr(sm.vt), kDims, tid, 128);
+  transpose_v_e4m3(addr(sm.v[0]), addr(sm.vt), kDims, w, 4, tid % 32);
   fence_proxy_async_smem();
   __syncthreads();
 

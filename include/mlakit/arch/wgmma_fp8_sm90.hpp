@@ -122,37 +122,41 @@ __device__ __forceinline__ void store_p_e4m3(const std::uint32_t (&a)[8], std::u
   }
 }
 
-// V^T of dims [0, dims) of a raw 64-token tile: src holds the tile's bytes as 128-column
-// chunks (sw128_offset, chunk stride 8 KB), dst gets rows = dims, 64 kappa bytes each
-// (sw64_offset), kappa order key_of_kappa. Thread tid of nthreads; each step moves four
-// tokens x four dims (4 loads, a 4 x 4 byte transpose, 4 stores), consecutive threads taking
-// consecutive kappa groups of the same dims (16 threads store one 64-byte row). The caller
-// fences the async proxy and synchronises before a wgmma reads dst. Measured (H200, one
-// warpgroup alone on an SM, 64 tokens x 512 dims): ~2900 cycles per tile with this thread
-// order and the loop unrolled by 4 (~1.2 us at 1.98 GHz), ~4900 cycles with consecutive
-// threads on consecutive dims (16-way store conflicts). Still the duration of a whole 64-row
-// tile's matrix work at q_len 8, so a mainloop needs it off the critical path or faster
-// (ldmatrix byte-pair transposes, conflict-free store order: not done yet).
+// V^T of dims [0, dims) (a multiple of 32) of a raw 64-token tile: src holds the tile's bytes
+// as 128-column chunks (sw128_offset, chunk stride 8 KB), dst gets rows = dims, 64 kappa bytes
+// each (sw64_offset), kappa order key_of_kappa. Warp `warp` of `nwarps` (lane = lane_id());
+// each step is one transposing ldmatrix.x4 of 16 tokens x 32 dims read as 16-bit pairs: a lane
+// receives the 2 x 2 byte blocks (tokens 2t, 2t+1 | dims 2c, 2c+1) of tokens 0-7 and 8-15,
+// and one byte permute of the two gives dim 2c (or 2c+1) of tokens 2t, 2t+1, 8+2t, 9+2t,
+// which is kappa 4t..4t+3: the kappa order is the order ldmatrix delivers. The caller fences
+// the async proxy and synchronises before a wgmma reads dst. Measured (H200, one warpgroup
+// alone on an SM, 64 tokens x 512 dims): ~1180 cycles per tile (a 4-byte-per-thread
+// load / permute / store version took ~2500).
 __device__ __forceinline__ void transpose_v_e4m3(std::uint32_t src, std::uint32_t dst, int dims,
-                                                 int tid, int nthreads) {
-  const int items = (dims / 4) * 16;  // (4-dim group, 4-kappa group), kappa group fastest
+                                                 int warp, int nwarps, int lane) {
+#if defined(MLAKIT_WGMMA_ENABLED)
+  const int mi = lane / 8, r = lane % 8, c = lane / 4, t = lane % 4;
+  const int items = 4 * (dims / 32);  // (16-token block, 32-dim block)
 #pragma unroll 4
-  for (int it = tid; it < items; it += nthreads) {
-    const int kappa0 = 4 * (it % 16), d = 4 * (it / 16);
-    std::uint32_t w[4];
+  for (int it = warp; it < items; it += nwarps) {
+    const int tb = it % 4, dblk = it / 4;
+    // Matrix mi: tokens 16 tb + 8 (mi & 1) .. + 7, dims 32 dblk + 16 (mi >> 1) .. + 15.
+    const int tok = 16 * tb + 8 * (mi & 1) + r, d = 32 * dblk + 16 * (mi >> 1);
+    std::uint32_t m[4];
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(m[0]), "=r"(m[1]), "=r"(m[2]), "=r"(m[3])
+                 : "r"(src + (d >> 7) * 8192 + sw128_offset(tok, d & 127)));
+    const int kappa0 = 16 * tb + 4 * t;
 #pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      const int tok = key_of_kappa(kappa0 + b);
-      w[b] = lds32(src + (d >> 7) * 8192 + sw128_offset(tok, d & 127));
+    for (int h = 0; h < 2; ++h) {
+      const int row = 32 * dblk + 16 * h + 2 * c;
+      sts32(dst + sw64_offset(row, kappa0), __byte_perm(m[2 * h], m[2 * h + 1], 0x6420));
+      sts32(dst + sw64_offset(row + 1, kappa0), __byte_perm(m[2 * h], m[2 * h + 1], 0x7531));
     }
-    // w[b] byte j = V[token b][d + j]  ->  out[j] byte b.
-    const std::uint32_t t0 = __byte_perm(w[0], w[1], 0x5140), t1 = __byte_perm(w[0], w[1], 0x7362);
-    const std::uint32_t t2 = __byte_perm(w[2], w[3], 0x5140), t3 = __byte_perm(w[2], w[3], 0x7362);
-    const std::uint32_t out[4] = {__byte_perm(t0, t2, 0x5410), __byte_perm(t0, t2, 0x7632),
-                                  __byte_perm(t1, t3, 0x5410), __byte_perm(t1, t3, 0x7632)};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) sts32(dst + sw64_offset(d + j, kappa0), out[j]);
   }
+#else
+  (void)src, (void)dst, (void)dims, (void)warp, (void)nwarps, (void)lane;
+#endif
 }
 
 #endif  // MLAKIT_PLATFORM_CUDA
