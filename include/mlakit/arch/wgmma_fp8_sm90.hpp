@@ -15,6 +15,12 @@
 //   - V^T. O += P V needs V with the keys contiguous (K-major B), while a KV tile arrives
 //     token by token: V^T rows are dims, 64 kappa bytes each, with the 64-byte swizzle.
 //
+// Accuracy limit: fp8 wgmma adds its products into the f32 accumulator through a truncated
+// sum (about 13 significant bits on Hopper), so a long chain of accumulating wgmma (S over
+// 576 columns, O over a whole context) loses precision that 16-bit wgmma keeps; a mainloop
+// must promote partial sums to f32 registers every few k-steps (docs/design.md). No decode
+// kernel uses these pieces yet; test/gpu_wgmma_fp8.cu checks them.
+//
 // Layouts (tiles 1024-byte aligned for the 128-byte swizzle, 512-byte for the 64-byte one):
 //   raw KV / Q planes: chunks of 128 columns, [rows][128 B], 16-byte unit u of row r at
 //     u ^ (r & 7) (descriptor: swizzle 128B, SBO 1024; k32 step +32 B; chunk stride rows*128)
