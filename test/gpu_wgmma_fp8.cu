@@ -125,7 +125,8 @@ __global__ void __launch_bounds__(128) fp8_operands_kernel(const float* q, const
     for (int j = 0; j < 2; ++j) {
       const std::uint32_t* src = pl ? p_lo : p_hi;
       const std::uint32_t a[4] = {src[4 * j], src[4 * j + 1], src[4 * j + 2], src[4 * j + 3]};
-      WgmmaE4m3::mma_rs_n256(o, a, wgmma_desc_sw64(addr(sm.vt) + 32 * j, 512), pl + j > 0);
+      WgmmaE4m3::mma_rs_n256(o, a, wgmma_desc(addr(sm.vt) + 32 * j, 16, 512, WgmmaSwizzle::b64),
+                             pl + j > 0);
     }
   wgmma_commit();
   wgmma_wait<0>();
@@ -143,8 +144,9 @@ __global__ void __launch_bounds__(128) fp8_operands_kernel(const float* q, const
   for (int pl = 0; pl < 2; ++pl)
 #pragma unroll
     for (int j = 0; j < 2; ++j)
-      WgmmaE4m3::mma_ss_n256(o, wgmma_desc_sw64(addr(pl ? sm.p_lo : sm.p_hi) + 32 * j, 512),
-                             wgmma_desc_sw64(addr(sm.vt) + 32 * j, 512), pl + j > 0);
+      WgmmaE4m3::mma_ss_n256(
+          o, wgmma_desc(addr(pl ? sm.p_lo : sm.p_hi) + 32 * j, 16, 512, WgmmaSwizzle::b64),
+          wgmma_desc(addr(sm.vt) + 32 * j, 16, 512, WgmmaSwizzle::b64), pl + j > 0);
   wgmma_commit();
   wgmma_wait<0>();
   fence_operand(o);

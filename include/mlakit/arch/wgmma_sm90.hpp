@@ -17,26 +17,21 @@ namespace mlakit::arch {
 
 #if defined(MLAKIT_PLATFORM_CUDA)
 
-// Shared-memory matrix descriptor with the 128-byte swizzle. Tiles start on 1024-byte
-// boundaries (base offset 0). enc(x) = (x & 0x3FFFF) >> 4.
+// Swizzle mode of a shared-memory matrix descriptor (bits 62-63): 128B (rows of 128 bytes,
+// tiles on 1024-byte boundaries) or 64B (rows of 64 bytes, tiles on 512-byte boundaries).
+enum class WgmmaSwizzle : std::uint64_t { b128 = 1, b64 = 2 };
+
+// Shared-memory matrix descriptor (base offset 0: the tile starts on its swizzle pattern's
+// boundary). enc(x) = (x & 0x3FFFF) >> 4. LBO: the stride between 64-column chunks of an
+// MN-major operand; the swizzled K-major forms ignore it.
 __device__ __forceinline__ std::uint64_t wgmma_desc(std::uint32_t smem_addr, std::uint32_t lbo,
-                                                    std::uint32_t sbo) {
+                                                    std::uint32_t sbo,
+                                                    WgmmaSwizzle swizzle = WgmmaSwizzle::b128) {
   std::uint64_t d = 0;
   d |= std::uint64_t((smem_addr & 0x3FFFF) >> 4);
   d |= std::uint64_t((lbo & 0x3FFFF) >> 4) << 16;
   d |= std::uint64_t((sbo & 0x3FFFF) >> 4) << 32;
-  d |= std::uint64_t(1) << 62;  // 128B swizzle
-  return d;
-}
-
-// The same with the 64-byte swizzle (rows of 64 bytes; tiles start on 512-byte boundaries).
-__device__ __forceinline__ std::uint64_t wgmma_desc_sw64(std::uint32_t smem_addr,
-                                                         std::uint32_t sbo) {
-  std::uint64_t d = 0;
-  d |= std::uint64_t((smem_addr & 0x3FFFF) >> 4);
-  d |= std::uint64_t(1) << 16;  // LBO: unused by swizzled K-major operands
-  d |= std::uint64_t((sbo & 0x3FFFF) >> 4) << 32;
-  d |= std::uint64_t(2) << 62;  // 64B swizzle
+  d |= static_cast<std::uint64_t>(swizzle) << 62;
   return d;
 }
 
