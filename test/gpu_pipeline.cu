@@ -3,8 +3,9 @@
 // of a single tile or of one odd tile (the warp-specialized mainloop pads it to a pair),
 // splits that give every CTA one tile, kv_len 0 and 1, and page size 1 with the harness's
 // shuffled CSR page ids. Every row policy (16, 32 and 64 rows at 16 heads; on sm_90, 32 rows
-// with KV of the Q type run the 64-row tile, half padding) and both the direct 16-bit path and
-// the fp8 conversion paths.
+// with KV of the Q type run the 64-row tile, half padding, and 16 rows of e4m3fn KV the
+// keys-as-M tile from 32 requests up) and both the direct 16-bit path and the fp8 conversion
+// paths.
 #include <catch2/catch.hpp>
 
 #include "gpu_harness.hpp"
@@ -120,6 +121,37 @@ TEST_CASE("pipeline: 12 heads (row tiles that end inside a tile), non-causal", "
       c.page_size = 16;
       c.ids = PageIds::csr;
       c.kv_lens = {129, 2, 64 * 5 + 3, 0};
+      c.seed = seed++;
+      check_pipeline_case(c);
+    }
+}
+
+// The keys-as-M tile (sm_90: 16-row tiles of e4m3fn KV from 32 requests x row tiles up;
+// elsewhere, and below that, the mma.sync tile): 34 requests of every ring length, 16 and 12
+// heads at q_len 1, 8 heads at q_len 2 and 5 at q_len 3 (rows of two and three tokens in one
+// tile, each with its own causal limit), page size 1 with shuffled CSR ids and 64 with a
+// block table, bf16 and fp16 Q, splits off, fixed and automatic.
+TEST_CASE("pipeline: keys-as-M tile, 16 rows of e4m3fn KV, 34 requests", "[gpu][pipeline]") {
+  MLAKIT_REQUIRE_GPU();
+  int seed = 9400;
+  std::vector<int> lens = kRingLengths;
+  lens.insert(lens.end(), kRingLengths.rbegin(), kRingLengths.rend());
+  struct Rows {
+    int heads, q_len;
+  };
+  for (Rows rw : {Rows{16, 1}, Rows{12, 1}, Rows{8, 2}, Rows{5, 3}})
+    for (int page_size : {1, 64}) {
+      Case c;
+      c.q_type = (seed & 1) ? DType::fp16 : DType::bf16;
+      c.kv_type = DType::fp8_e4m3fn;
+      c.heads = rw.heads;
+      c.q_len = rw.q_len;
+      c.page_size = page_size;
+      c.ids = page_size == 1 ? PageIds::csr : PageIds::block_table;
+      c.split = seed % 3 == 0 ? SplitMode::none
+                              : (seed % 3 == 1 ? SplitMode::fixed : SplitMode::automatic);
+      c.num_splits = c.split == SplitMode::fixed ? 5 : 0;
+      c.kv_lens = lens;
       c.seed = seed++;
       check_pipeline_case(c);
     }

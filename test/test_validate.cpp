@@ -11,6 +11,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mlakit/api/decode.hpp"
@@ -441,28 +442,40 @@ TEST_CASE("policy choice: rows, KV type and device", "[validate]") {
   }
 }
 
-TEST_CASE("the e4m3fn 16-row plan aims for three CTAs per SM from 32 row tiles up", "[validate]") {
+TEST_CASE("the e4m3fn 16-row plan: three CTAs per SM from 32 row tiles up (mma.sync), two on sm_90 (keys-as-M)",
+          "[validate]") {
+  const DeviceInfo a100{0, 108, 166912, 80};
   DecodeArgs a = valid_args();
   a.num_heads = 16;
   a.q_len = 1;
   a.split_mode = SplitMode::automatic;
+  REQUIRE(arch::kPolicies[arch::policy_index_for_rows(16)].fp8_mainloop ==
+          arch::Mainloop::keys_as_m);
   for (DType kv : {DType::fp8_e4m3fn, DType::bf16, DType::fp8_e4m3fnuz}) {
     for (int batch : {1, 31, 32, 128}) {
       a.kv_type = kv;
       a.batch = batch;
       const int idx = detail::policy_index(a, kH100);
       REQUIRE(arch::kPolicies[idx].rows == 16);
-      const bool three = kv == DType::fp8_e4m3fn && batch >= arch::kFp8CtasMinRowTiles;
-      CHECK(detail::table_ctas_per_sm(a, idx) == (kv == DType::fp8_e4m3fn ? 3 : 2));
-      CHECK(detail::plan_ctas_per_sm(a, idx, detail::table_ctas_per_sm(a, idx)) ==
+      REQUIRE(detail::policy_index(a, a100) == idx);
+      const bool e4m3 = kv == DType::fp8_e4m3fn;
+      const bool three = e4m3 && batch >= arch::kFp8CtasMinRowTiles;
+      // sm_80: the mma.sync kernel's e4m3fn path keeps three CTAs per SM.
+      CHECK(detail::table_ctas_per_sm(a, idx, a100.arch) == (e4m3 ? 3 : 2));
+      CHECK(detail::plan_ctas_per_sm(a, idx, detail::table_ctas_per_sm(a, idx, a100.arch)) ==
             (three ? 3 : 2));
       // A kernel that keeps two resident (a kv_any_t entry given e4m3fn KV) is planned for two.
       CHECK(detail::plan_ctas_per_sm(a, idx, 2) == 2);
-      const PlanShape s = detail::plan_shape(a, idx, kH100);
-      CHECK(s.num_ctas == (three ? 3 : 2) * kH100.sm_count);
+      const PlanShape s80 = detail::plan_shape(a, idx, a100);
+      CHECK(s80.num_ctas == (three ? 3 : 2) * a100.sm_count);
+      // sm_90: e4m3fn runs the keys-as-M kernel, two CTAs per SM at every batch.
+      CHECK(detail::table_ctas_per_sm(a, idx, kH100.arch) == 2);
+      const PlanShape s90 = detail::plan_shape(a, idx, kH100);
+      CHECK(s90.num_ctas == 2 * kH100.sm_count);
       // The workspace holds the plan of either CTA count, whatever the KV type.
-      CHECK(std::size_t(detail::workspace_layout(s, s.row_tiles * 16).bytes) <=
-            workspace_bytes(a, kH100));
+      for (const auto& [s, dev] : {std::pair{s80, a100}, std::pair{s90, kH100}})
+        CHECK(std::size_t(detail::workspace_layout(s, s.row_tiles * 16).bytes) <=
+              workspace_bytes(a, dev));
     }
   }
 }

@@ -50,15 +50,22 @@ inline int plan_ctas_per_sm(const DecodeArgs& a, int policy, int resident) {
 // CTAs per SM resident in the kernel the dispatch table launches for `a` with policy `policy`:
 // its e4m3fn entries read KV raw (DecodeTraits::kFp8Operands) and keep fp8_ctas_per_sm where
 // the policy has one (NVIDIA); every other entry keeps ctas_per_sm.
-inline int table_ctas_per_sm(const DecodeArgs& a, int policy) {
+// On sm_90 (device code built for sm_90a), e4m3fn entries of a policy whose fp8 mainloop is
+// keys_as_m run decode_kernel_kt, which keeps kKeysAsMCtasPerSm.
+inline int table_ctas_per_sm(const DecodeArgs& a, int policy, int arch = 0) {
   const arch::TilePolicy& tp = arch::kPolicies[policy];
-  return tp.fp8_ctas_per_sm > 0 && a.kv_type == DType::fp8_e4m3fn ? tp.fp8_ctas_per_sm
-                                                                  : tp.ctas_per_sm;
+  if (a.kv_type != DType::fp8_e4m3fn) return tp.ctas_per_sm;
+  if (arch == 90 && tp.fp8_mainloop == arch::Mainloop::keys_as_m) return arch::kKeysAsMCtasPerSm;
+  return tp.fp8_ctas_per_sm > 0 ? tp.fp8_ctas_per_sm : tp.ctas_per_sm;
 }
 
 // The plan shape decode() launches for `a` with policy `policy` through the dispatch table.
 inline PlanShape plan_shape(const DecodeArgs& a, int policy, const DeviceInfo& dev) {
-  return plan_shape_for(a, policy, dev, plan_ctas_per_sm(a, policy, table_ctas_per_sm(a, policy)));
+  const int resident = table_ctas_per_sm(a, policy, dev.arch);
+  if (dev.arch == 90 && a.kv_type == DType::fp8_e4m3fn &&
+      arch::kPolicies[policy].fp8_mainloop == arch::Mainloop::keys_as_m)
+    return plan_shape_for(a, policy, dev, resident);
+  return plan_shape_for(a, policy, dev, plan_ctas_per_sm(a, policy, resident));
 }
 
 // The policy decode() launches for `a` on `dev`.
@@ -142,12 +149,14 @@ inline Status prepare_kernel(Kernel kernel, int smem_bytes, int device) {
 }
 
 #if defined(MLAKIT_PLATFORM_CUDA)
-// Whether decode_kernel_ws<Tr> runs its warpgroup mainloop on `dev`: the device is sm_90 and
-// the code the runtime loads for it is sm_90a code, the only code that declares the
-// mainloop's static shared memory (sm_80 or plain sm_90 code of the kernel is empty).
-// Checked, and the shared-memory limit raised, once per device.
-template <class Tr>
-inline Status warpgroup_usable(const DeviceInfo& dev, bool* usable) {
+// Whether `kernel`, a kernel with an sm_90a-only mainloop, runs that mainloop on `dev`: the
+// device is sm_90 and the code the runtime loads for it is sm_90a code, the only code that
+// declares the mainloop's static shared memory (`static_bytes`; sm_80 or plain sm_90 code of
+// the kernel is empty). Checked, and the dynamic shared-memory limit raised, once per device
+// and Tag.
+template <class Tag, class Kernel>
+inline Status sm90a_kernel_usable(Kernel kernel, int static_bytes, int dynamic_bytes,
+                                  const DeviceInfo& dev, bool* usable, bool max_carveout = false) {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> state[kMaxDevices] = {};  // 0 unknown, 1 usable, 2 not
   const int d = dev.device;
@@ -159,25 +168,37 @@ inline Status warpgroup_usable(const DeviceInfo& dev, bool* usable) {
     }
   }
   bool ok = false;
-  if (dev.arch == 90 &&
-      static_cast<int>(sizeof(WsSharedStorage) + sizeof(WsStaticStorage)) <= dev.max_smem_optin) {
+  if (dev.arch == 90 && static_bytes + dynamic_bytes <= dev.max_smem_optin) {
     // Runtime queries in the relaxed capture mode: a first call inside a capture is allowed.
     Status s = with_relaxed_capture([&] {
       cudaFuncAttributes attr{};
-      Status q = rt_check(cudaFuncGetAttributes(&attr, decode_kernel_ws<Tr>),
-                          "cudaFuncGetAttributes(decode_kernel_ws)");
+      Status q = rt_check(cudaFuncGetAttributes(&attr, kernel), "cudaFuncGetAttributes");
       if (!q) return q;
-      ok = attr.binaryVersion == 90 && attr.sharedSizeBytes == sizeof(WsStaticStorage);
+      ok = attr.binaryVersion == 90 && static_cast<int>(attr.sharedSizeBytes) == static_bytes;
       return Status::ok();
     });
     if (!s) return s;
-    if (ok &&
-        !(s = set_dynamic_smem(decode_kernel_ws<Tr>, static_cast<int>(sizeof(WsSharedStorage)))))
-      return s;
+    if (ok && !(s = set_dynamic_smem(kernel, dynamic_bytes, max_carveout))) return s;
   }
   if (d >= 0 && d < kMaxDevices) state[d].store(ok ? 1 : 2, std::memory_order_release);
   *usable = ok;
   return Status::ok();
+}
+template <class Tr>
+struct WsTag {};
+template <class Tr>
+struct KtTag {};
+// decode_kernel_ws<Tr> (64-row warpgroup policies) runs its mainloop on `dev`.
+template <class Tr>
+inline Status warpgroup_usable(const DeviceInfo& dev, bool* usable) {
+  return sm90a_kernel_usable<WsTag<Tr>>(decode_kernel_ws<Tr>, sizeof(WsStaticStorage),
+                                        sizeof(WsSharedStorage), dev, usable);
+}
+// decode_kernel_kt<Tr> (16-row tiles of e4m3fn KV) runs its mainloop on `dev`.
+template <class Tr>
+inline Status keys_as_m_usable(const DeviceInfo& dev, bool* usable) {
+  return sm90a_kernel_usable<KtTag<Tr>>(decode_kernel_kt<Tr>, sizeof(KtStaticStorage),
+                                        sizeof(KtSharedStorage), dev, usable, true);
 }
 #endif
 
@@ -196,33 +217,43 @@ template <class Problem, int PolicyIndex>
 inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* workspace,
                               std::size_t workspace_size, Stream stream) {
   using Tr = DecodeTraits<Problem, PolicyIndex>;
+  Status s;
+#if defined(MLAKIT_PLATFORM_CUDA)
+  // Warpgroup policies run decode_kernel_ws, and 16-row tiles of e4m3fn KV decode_kernel_kt,
+  // where the device runs their sm_90a code.
+  bool warpgroup = false, keys_as_m = false;
+  if constexpr (Tr::kWarpgroupPolicy) {
+    if (!(s = warpgroup_usable<Tr>(dev, &warpgroup))) return s;
+  }
+  if constexpr (Tr::kKeysAsM) {
+    // From kFp8CtasMinRowTiles requests x row tiles up; below, the mma.sync kernel, which
+    // plans for itself (one launch fewer: H200, batch 1, kv 8192, 18.0 against 20.6 us).
+    const std::int64_t row_tiles = std::int64_t(a.batch) * ((a.rows() + Tr::kRows - 1) / Tr::kRows);
+    if (row_tiles >= arch::kFp8CtasMinRowTiles &&
+        !(s = keys_as_m_usable<Tr>(dev, &keys_as_m)))
+      return s;
+  }
+#else
+  constexpr bool warpgroup = false, keys_as_m = false;
+#endif
   // The plan aims for the CTAs this kernel keeps resident (for the table's entries the same
   // as plan_shape(); a kv_any_t entry given e4m3fn KV keeps ctas_per_sm).
-  const PlanShape shape =
-      plan_shape_for(a, PolicyIndex, dev, plan_ctas_per_sm(a, PolicyIndex, Tr::kCtasPerSm));
+  const PlanShape shape = plan_shape_for(
+      a, PolicyIndex, dev,
+      keys_as_m ? arch::kKeysAsMCtasPerSm : plan_ctas_per_sm(a, PolicyIndex, Tr::kCtasPerSm));
   const int rows_padded = shape.row_tiles * Tr::kRows;
   const WorkspaceLayout wl = workspace_layout(shape, rows_padded);
   if (workspace == nullptr || workspace_size < static_cast<std::size_t>(wl.bytes))
     return Status(StatusCode::workspace_too_small,
                   "workspace_bytes = " + std::to_string(workspace_size) + ": need " +
                       std::to_string(wl.bytes) + " (call workspace_bytes())");
-  Status s;
-#if defined(MLAKIT_PLATFORM_CUDA)
-  // Warpgroup policies run decode_kernel_ws where the device runs its sm_90a code.
-  bool warpgroup = false;
-  if constexpr (Tr::kWarpgroupPolicy) {
-    if (!(s = warpgroup_usable<Tr>(dev, &warpgroup))) return s;
-  }
-#else
-  constexpr bool warpgroup = false;
-#endif
   // The mma.sync kernel plans for itself (no planner launch) in automatic mode for batches
   // up to kSelfPlanMaxBatch, when the plan's shared memory fits next to the mainloop's (the
   // 64-row policy's fallback does not; its warpgroup kernel uses the planner).
   const bool self_plan_fits =
       !Tr::kWarpgroupPolicy &&
       Tr::kSmemBytes + kSelfPlanBytes + kSelfPlanStaticSlack <= dev.max_smem_optin;
-  const bool self_plan = !warpgroup && self_plan_fits && shape.mode == SplitMode::automatic &&
+  const bool self_plan = !warpgroup && !keys_as_m && self_plan_fits && shape.mode == SplitMode::automatic &&
                          shape.batch <= kSelfPlanMaxBatch;
   const int smem_bytes = Tr::kSmemBytes + (self_plan ? kSelfPlanBytes : 0);
   // The mma.sync kernel. A policy whose e4m3fn path loads page ids a tile ahead for small
@@ -231,7 +262,7 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   using TrAhead = DecodeTraits<Problem, PolicyIndex, Tr::kIdsAheadByPage>;
   const bool ids_ahead = Tr::kIdsAheadByPage && a.page_size < Tr::kKvTile;
   void (*mma_kernel)(KernelArgs) = ids_ahead ? decode_kernel<TrAhead> : decode_kernel<Tr>;
-  if (!warpgroup) {
+  if (!warpgroup && !keys_as_m) {
     if (Tr::kSmemBytes > dev.max_smem_optin)
       return Status(StatusCode::not_supported,
                     "device shared memory per block " + std::to_string(dev.max_smem_optin) + " < " +
@@ -262,6 +293,13 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
     if (warpgroup)
       s = launch_kernel("decode_kernel_ws", decode_kernel_ws<Tr>, grid,
                         dim3(WsMainloop<Tr>::kThreads), sizeof(WsSharedStorage), stream, k);
+    else
+      s = launch_kernel("decode_kernel", mma_kernel, grid, dim3(Tr::kThreads), smem_bytes, stream,
+                        k);
+  } else if constexpr (Tr::kKeysAsM) {
+    if (keys_as_m)
+      s = launch_kernel("decode_kernel_kt", decode_kernel_kt<Tr>, grid,
+                        dim3(KtMainloop<Tr>::kThreads), sizeof(KtSharedStorage), stream, k);
     else
       s = launch_kernel("decode_kernel", mma_kernel, grid, dim3(Tr::kThreads), smem_bytes, stream,
                         k);

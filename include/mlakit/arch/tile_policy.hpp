@@ -10,7 +10,14 @@ namespace mlakit::arch {
 // (every target). warpgroup_ws: the warp-specialized wgmma mainloop of decode_ws_sm90.hpp
 // (its own kernel, 384 threads) where the device runs its sm_90a code; elsewhere the policy
 // falls back to warp_mma with `threads` threads.
-enum class Mainloop : int { warp_mma = 0, warpgroup_ws = 2 };
+// keys_as_m: the keys-as-M wgmma mainloop of decode_kt_sm90.hpp (its own kernel, 160
+// threads, two CTAs per SM) for e4m3fn KV where the device runs its sm_90a code
+// (TilePolicy::fp8_mainloop).
+enum class Mainloop : int { warp_mma = 0, warpgroup_ws = 2, keys_as_m = 3 };
+
+// CTAs per SM of the keys-as-M kernel (its shared memory: Q 18 KB, P 2 KB, two raw 36 KB
+// stages); its plan aims for them.
+inline constexpr int kKeysAsMCtasPerSm = 2;
 
 // When the e4m3fn raw path of the mma.sync mainloop loads each token's page id one tile ahead
 // of the token's copies instead of right before them. small_pages: for page sizes below the
@@ -37,6 +44,9 @@ struct TilePolicy {
   // (DecodeTraits::kCtasPerSm); the automatic plan aims for them from kFp8CtasMinRowTiles row
   // tiles of work up (api/decode.hpp, plan_ctas_per_sm).
   int fp8_ctas_per_sm = 0;
+  // e4m3fn KV on sm_90a: the mainloop that runs instead of `mainloop` (keys_as_m for the
+  // 16-row tile; warp_mma: the same as for other KV).
+  Mainloop fp8_mainloop = Mainloop::warp_mma;
 };
 
 // Requests x row tiles from which the automatic plan aims for fp8_ctas_per_sm CTAs per SM: with
@@ -66,7 +76,8 @@ inline constexpr TilePolicy kPolicies[] = {
 //   + two 72 KB KV stages + P, 226 KB); the fallback elsewhere (sm_80) is mma.sync with 8
 //   warps and the numbers below.
 inline constexpr TilePolicy kPolicies[] = {
-    {16, 32, 128, 2, 36864, 2, 2, Mainloop::warp_mma, IdsAhead::small_pages, 3},
+    {16, 32, 128, 2, 36864, 2, 2, Mainloop::warp_mma, IdsAhead::small_pages, 3,
+     Mainloop::keys_as_m},
     {32, 64, 256, 2, 110592, 1, 4, Mainloop::warp_mma, IdsAhead::always},
     {64, 64, 256, 2, 73728, 1, 3, Mainloop::warpgroup_ws},
 };

@@ -74,7 +74,10 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 #endif
 }
 
-// Operand lists of the two shapes (accumulators "+f", then descriptors and the scale-d flag).
+// Operand lists of the shapes (accumulators "+f", then descriptors and the scale-d flag).
+#define MLAKIT_WGMMA_REGS8 "{%0,%1,%2,%3,%4,%5,%6,%7}"
+#define MLAKIT_WGMMA_OUT8                                                                         \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
 #define MLAKIT_WGMMA_REGS16 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
 #define MLAKIT_WGMMA_OUT16                                                                        \
   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
@@ -154,6 +157,23 @@ struct Wgmma {
                       MLAKIT_WGMMA_OUT16);
 #else
     (void)d, (void)desc_a, (void)desc_b, (void)accumulate;
+#endif
+  }
+
+  // D[64 x 16] (+)= A[64 x 16] B[16 x 16], A from registers (a[0..3]: rows g / g + 8 of the
+  // warp's 16, columns 2t.. and 2t + 8..), B K-major through a descriptor. The keys-as-M
+  // mainloop's S^T = K Q^T and O^T = V^T P^T (decode_kt_sm90.hpp).
+  __device__ static void mma_rs_n16(float (&d)[8], const std::uint32_t (&a)[4],
+                                    std::uint64_t desc_b, bool accumulate) {
+#if defined(MLAKIT_WGMMA_ENABLED)
+    if constexpr (kBf16)
+      MLAKIT_WGMMA_RS("m64n16k16", "bf16", MLAKIT_WGMMA_REGS8, "{%8,%9,%10,%11}", "%12", "%13",
+                      "0", MLAKIT_WGMMA_OUT8);
+    else
+      MLAKIT_WGMMA_RS("m64n16k16", "f16", MLAKIT_WGMMA_REGS8, "{%8,%9,%10,%11}", "%12", "%13",
+                      "0", MLAKIT_WGMMA_OUT8);
+#else
+    (void)d, (void)a, (void)desc_b, (void)accumulate;
 #endif
   }
 

@@ -114,6 +114,10 @@ struct DecodeTraits {
   // A `warpgroup_ws` policy has its own kernel (decode_ws_sm90.hpp) for sm_90a; this kernel
   // is then only its fallback on other targets.
   static constexpr bool kWarpgroupPolicy = kPolicy.mainloop == arch::Mainloop::warpgroup_ws;
+  // e4m3fn KV of a policy whose fp8 mainloop is keys_as_m: decode_kernel_kt
+  // (decode_kt_sm90.hpp) on sm_90a, this kernel elsewhere.
+  static constexpr bool kKeysAsM =
+      kFp8Operands && kPolicy.fp8_mainloop == arch::Mainloop::keys_as_m && kRows == 16;
 
   __device__ static int heads(const DecodeArgs& a) {
     return Problem::kHeads > 0 ? Problem::kHeads : a.num_heads;
@@ -795,4 +799,5 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kCtasPerSm) decode_kernel(co
 
 #endif  // !MLAKIT_PLATFORM_NONE
 
+#include "decode_kt_sm90.hpp"
 #include "decode_ws_sm90.hpp"

@@ -175,8 +175,10 @@ inline DriverFuncSetAttribute driver_func_set_attribute() {
 // is therefore set on the kernel's driver function (cudaGetFuncBySymbol +
 // cuFuncSetAttribute), which leaves the last error alone; cudaFuncSetAttribute is the
 // fallback where the driver entry point is missing.
+// max_carveout: also prefer the largest shared-memory carveout (a kernel that needs it to keep
+// more than one CTA resident per SM; the driver's default choice kept one).
 template <class Kernel>
-inline Status set_dynamic_smem(Kernel kernel, int bytes) {
+inline Status set_dynamic_smem(Kernel kernel, int bytes, bool max_carveout = false) {
   return with_relaxed_capture([&] {
 #if defined(MLAKIT_PLATFORM_CUDA)
     if (const DriverFuncSetAttribute set = driver_func_set_attribute()) {
@@ -184,17 +186,30 @@ inline Status set_dynamic_smem(Kernel kernel, int bytes) {
       const Status s = rt_check(cudaGetFuncBySymbol(&f, reinterpret_cast<const void*>(kernel)),
                                 "cudaGetFuncBySymbol");
       if (!s) return s;
-      const CUresult r = set(reinterpret_cast<CUfunction>(f),
-                             CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes);
-      if (r == CUDA_SUCCESS) return Status::ok();
-      return Status(StatusCode::runtime_error,
-                    "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES, " + std::to_string(bytes) +
-                        ") failed: CUresult " + std::to_string(static_cast<int>(r)));
+      CUresult r = set(reinterpret_cast<CUfunction>(f),
+                       CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes);
+      if (r != CUDA_SUCCESS)
+        return Status(StatusCode::runtime_error,
+                      "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES, " +
+                          std::to_string(bytes) +
+                          ") failed: CUresult " + std::to_string(static_cast<int>(r)));
+      if (max_carveout &&
+          (r = set(reinterpret_cast<CUfunction>(f),
+                   CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)) != CUDA_SUCCESS)
+        return Status(StatusCode::runtime_error,
+                      "cuFuncSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT, 100) failed: CUresult " +
+                          std::to_string(static_cast<int>(r)));
+      return Status::ok();
     }
-    return rt_check(
+    Status s = rt_check(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
         "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    if (s && max_carveout)
+      s = rt_check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100),
+                   "cudaFuncSetAttribute(PreferredSharedMemoryCarveout)");
+    return s;
 #else
+    (void)max_carveout;
     return rt_check(hipFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                         hipFuncAttributeMaxDynamicSharedMemorySize, bytes),
                     "hipFuncSetAttribute(MaxDynamicSharedMemorySize)");
