@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Checks that ptxas keeps the wgmma pipeline of the warp-specialized Hopper mainloop
-# asynchronous, two ways:
-#  1. compiles its kernel (decode_kernel_ws) for three KV paths to sm_90a machine code and
-#     counts, in the disassembly, the HGMMA instructions and the WARPGROUP.DEPBAR waits. The
-#     source waits 8 times per kernel (docs/design.md, "Hopper mainloops"); ptxas serialises a
+# Checks that ptxas keeps the wgmma pipelines of the Hopper mainloops (warp-specialized 64-row,
+# keys-as-M 16-row) asynchronous, two ways:
+#  1. compiles their kernels (decode_kernel_ws for three KV paths, decode_kernel_kt for two) to
+#     sm_90a machine code and counts, in the disassembly, the HGMMA instructions and the
+#     WARPGROUP.DEPBAR waits. The sources wait 8 (ws) and 15 (kt) times per kernel
+#     (docs/design.md, "Hopper mainloops"); ptxas serialises a
 #     pipeline it cannot prove safe by adding a wait after every HGMMA, without always printing
 #     its C7515 note, so the count is the check;
 #  2. compiles decode()'s whole dispatch table for sm_90a and fails on any ptxas C7515 note
@@ -54,6 +55,30 @@ CU
     status=1
   fi
   printf 'decode_kernel_ws<%s>: %3d HGMMA, %3d WARPGROUP.DEPBAR: %s\n' "$problem" "$hgmma" \
+    "$waits" "$verdict"
+done
+
+# The keys-as-M kernel (16-row tiles of e4m3fn KV): 68 HGMMA per tile in 17 commit groups,
+# 15 waits by design (docs/design.md); a serialised pipeline waits after every HGMMA.
+kt_max_waits=15
+for problem in "bf16_t, fp8_e4m3fn_t, 16, 1, Causal::on" "fp16_t, fp8_e4m3fn_t"; do
+  cat >"$work/kt.cu" <<CU
+#include <mlakit/kernel/decode_kernel.hpp>
+namespace mlakit::detail {
+template __global__ void decode_kernel_kt<DecodeTraits<Problem<${problem}>, 0>>(const KernelArgs);
+}
+CU
+  nvcc -std=c++17 -arch=sm_90a -DMLAKIT_BACKEND_CUDA=1 -I"$root/include" \
+    -cubin "$work/kt.cu" -o "$work/kt.cubin" >"$work/nvcc.log" 2>&1 || { cat "$work/nvcc.log"; exit 1; }
+  "$nvdisasm" "$work/kt.cubin" >"$work/kt.sass"
+  hgmma=$(grep -c 'HGMMA' "$work/kt.sass" || true)
+  waits=$(grep -c 'WARPGROUP.DEPBAR' "$work/kt.sass" || true)
+  verdict=ok
+  if [ "$hgmma" -eq 0 ] || [ "$waits" -gt "$kt_max_waits" ]; then
+    verdict="SERIALISED (more than $kt_max_waits waits)"
+    status=1
+  fi
+  printf 'decode_kernel_kt<%s>: %3d HGMMA, %3d WARPGROUP.DEPBAR: %s\n' "$problem" "$hgmma" \
     "$waits" "$verdict"
 done
 
