@@ -36,50 +36,37 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 status=0
+# check KERNEL POLICY MAX_WAITS PROBLEM: compiles KERNEL<DecodeTraits<Problem<PROBLEM>, POLICY>>
+# for sm_90a and counts its HGMMA and WARPGROUP.DEPBAR instructions.
+check() {
+  local kernel=$1 policy=$2 max=$3 problem=$4
+  cat >"$work/k.cu" <<CU
+#include <mlakit/kernel/decode_kernel.hpp>
+namespace mlakit::detail {
+template __global__ void ${kernel}<DecodeTraits<Problem<${problem}>, ${policy}>>(const KernelArgs);
+}
+CU
+  nvcc -std=c++17 -arch=sm_90a -DMLAKIT_BACKEND_CUDA=1 -I"$root/include" \
+    -cubin "$work/k.cu" -o "$work/k.cubin" >"$work/nvcc.log" 2>&1 || { cat "$work/nvcc.log"; exit 1; }
+  "$nvdisasm" "$work/k.cubin" >"$work/k.sass"
+  local hgmma waits verdict=ok
+  hgmma=$(grep -c 'HGMMA' "$work/k.sass" || true)
+  waits=$(grep -c 'WARPGROUP.DEPBAR' "$work/k.sass" || true)
+  if [ "$hgmma" -eq 0 ] || [ "$waits" -gt "$max" ]; then
+    verdict="SERIALISED (more than $max waits)"
+    status=1
+  fi
+  printf '%s<%s>: %3d HGMMA, %3d WARPGROUP.DEPBAR: %s\n' "$kernel" "$problem" "$hgmma" "$waits" \
+    "$verdict"
+}
 for problem in "bf16_t, bf16_t, 16, 8, Causal::on" "bf16_t, fp8_e4m3fn_t, 16, 8, Causal::on" \
   "fp16_t, kv_any_t"; do
-  cat >"$work/ws.cu" <<CU
-#include <mlakit/kernel/decode_kernel.hpp>
-namespace mlakit::detail {
-template __global__ void decode_kernel_ws<DecodeTraits<Problem<${problem}>, 2>>(const KernelArgs);
-}
-CU
-  nvcc -std=c++17 -arch=sm_90a -DMLAKIT_BACKEND_CUDA=1 -I"$root/include" \
-    -cubin "$work/ws.cu" -o "$work/ws.cubin" >"$work/nvcc.log" 2>&1 || { cat "$work/nvcc.log"; exit 1; }
-  "$nvdisasm" "$work/ws.cubin" >"$work/ws.sass"
-  hgmma=$(grep -c 'HGMMA' "$work/ws.sass" || true)
-  waits=$(grep -c 'WARPGROUP.DEPBAR' "$work/ws.sass" || true)
-  verdict=ok
-  if [ "$hgmma" -eq 0 ] || [ "$waits" -gt "$max_waits" ]; then
-    verdict="SERIALISED (more than $max_waits waits)"
-    status=1
-  fi
-  printf 'decode_kernel_ws<%s>: %3d HGMMA, %3d WARPGROUP.DEPBAR: %s\n' "$problem" "$hgmma" \
-    "$waits" "$verdict"
+  check decode_kernel_ws 2 "$max_waits" "$problem"
 done
-
 # The keys-as-M kernel (16-row tiles of e4m3fn KV): 68 HGMMA per tile in 17 commit groups,
 # 15 waits by design (docs/design.md); a serialised pipeline waits after every HGMMA.
-kt_max_waits=15
 for problem in "bf16_t, fp8_e4m3fn_t, 16, 1, Causal::on" "fp16_t, fp8_e4m3fn_t"; do
-  cat >"$work/kt.cu" <<CU
-#include <mlakit/kernel/decode_kernel.hpp>
-namespace mlakit::detail {
-template __global__ void decode_kernel_kt<DecodeTraits<Problem<${problem}>, 0>>(const KernelArgs);
-}
-CU
-  nvcc -std=c++17 -arch=sm_90a -DMLAKIT_BACKEND_CUDA=1 -I"$root/include" \
-    -cubin "$work/kt.cu" -o "$work/kt.cubin" >"$work/nvcc.log" 2>&1 || { cat "$work/nvcc.log"; exit 1; }
-  "$nvdisasm" "$work/kt.cubin" >"$work/kt.sass"
-  hgmma=$(grep -c 'HGMMA' "$work/kt.sass" || true)
-  waits=$(grep -c 'WARPGROUP.DEPBAR' "$work/kt.sass" || true)
-  verdict=ok
-  if [ "$hgmma" -eq 0 ] || [ "$waits" -gt "$kt_max_waits" ]; then
-    verdict="SERIALISED (more than $kt_max_waits waits)"
-    status=1
-  fi
-  printf 'decode_kernel_kt<%s>: %3d HGMMA, %3d WARPGROUP.DEPBAR: %s\n' "$problem" "$hgmma" \
-    "$waits" "$verdict"
+  check decode_kernel_kt 0 15 "$problem"
 done
 
 printf '#include <mlakit/api/instantiate_dispatch.hpp>\n' >"$work/table.cu"

@@ -40,11 +40,18 @@ inline PlanShape plan_shape_for(const DecodeArgs& a, int policy, const DeviceInf
 // CTAs per SM the automatic plan of `a` aims for with policy `policy`, for a kernel that keeps
 // `resident` CTAs per SM (DecodeTraits::kCtasPerSm): more than the policy's ctas_per_sm only
 // from kFp8CtasMinRowTiles requests x row tiles up.
+// Requests x row tiles of `a` with policy `policy`: the work measure of the CTA-count and
+// kernel choices that switch at arch::kFp8CtasMinRowTiles.
+inline std::int64_t request_row_tiles(const DecodeArgs& a, int policy) {
+  const int rows = arch::kPolicies[policy].rows;
+  return std::int64_t(a.batch) * ((a.rows() + rows - 1) / rows);
+}
+
 inline int plan_ctas_per_sm(const DecodeArgs& a, int policy, int resident) {
   const arch::TilePolicy& tp = arch::kPolicies[policy];
-  const std::int64_t row_tiles = std::int64_t(a.batch) * ((a.rows() + tp.rows - 1) / tp.rows);
-  return resident > tp.ctas_per_sm && row_tiles >= arch::kFp8CtasMinRowTiles ? resident
-                                                                             : tp.ctas_per_sm;
+  return resident > tp.ctas_per_sm && request_row_tiles(a, policy) >= arch::kFp8CtasMinRowTiles
+             ? resident
+             : tp.ctas_per_sm;
 }
 
 // CTAs per SM resident in the kernel the dispatch table launches for `a` with policy `policy`:
@@ -61,11 +68,8 @@ inline int table_ctas_per_sm(const DecodeArgs& a, int policy, int arch = 0) {
 
 // The plan shape decode() launches for `a` with policy `policy` through the dispatch table.
 inline PlanShape plan_shape(const DecodeArgs& a, int policy, const DeviceInfo& dev) {
-  const int resident = table_ctas_per_sm(a, policy, dev.arch);
-  if (dev.arch == 90 && a.kv_type == DType::fp8_e4m3fn &&
-      arch::kPolicies[policy].fp8_mainloop == arch::Mainloop::keys_as_m)
-    return plan_shape_for(a, policy, dev, resident);
-  return plan_shape_for(a, policy, dev, plan_ctas_per_sm(a, policy, resident));
+  return plan_shape_for(a, policy, dev,
+                        plan_ctas_per_sm(a, policy, table_ctas_per_sm(a, policy, dev.arch)));
 }
 
 // The policy decode() launches for `a` on `dev`.
@@ -228,8 +232,7 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   if constexpr (Tr::kKeysAsM) {
     // From kFp8CtasMinRowTiles requests x row tiles up; below, the mma.sync kernel, which
     // plans for itself (one launch fewer: H200, batch 1, kv 8192, 18.0 against 20.6 us).
-    const std::int64_t row_tiles = std::int64_t(a.batch) * ((a.rows() + Tr::kRows - 1) / Tr::kRows);
-    if (row_tiles >= arch::kFp8CtasMinRowTiles &&
+    if (request_row_tiles(a, PolicyIndex) >= arch::kFp8CtasMinRowTiles &&
         !(s = keys_as_m_usable<Tr>(dev, &keys_as_m)))
       return s;
   }
@@ -240,7 +243,7 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   // as plan_shape(); a kv_any_t entry given e4m3fn KV keeps ctas_per_sm).
   const PlanShape shape = plan_shape_for(
       a, PolicyIndex, dev,
-      keys_as_m ? arch::kKeysAsMCtasPerSm : plan_ctas_per_sm(a, PolicyIndex, Tr::kCtasPerSm));
+      plan_ctas_per_sm(a, PolicyIndex, keys_as_m ? arch::kKeysAsMCtasPerSm : Tr::kCtasPerSm));
   const int rows_padded = shape.row_tiles * Tr::kRows;
   const WorkspaceLayout wl = workspace_layout(shape, rows_padded);
   if (workspace == nullptr || workspace_size < static_cast<std::size_t>(wl.bytes))
@@ -293,22 +296,16 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
     if (warpgroup)
       s = launch_kernel("decode_kernel_ws", decode_kernel_ws<Tr>, grid,
                         dim3(WsMainloop<Tr>::kThreads), sizeof(WsSharedStorage), stream, k);
-    else
-      s = launch_kernel("decode_kernel", mma_kernel, grid, dim3(Tr::kThreads), smem_bytes, stream,
-                        k);
-  } else if constexpr (Tr::kKeysAsM) {
+  }
+  if constexpr (Tr::kKeysAsM) {
     if (keys_as_m)
       s = launch_kernel("decode_kernel_kt", decode_kernel_kt<Tr>, grid,
                         dim3(KtMainloop<Tr>::kThreads), sizeof(KtSharedStorage), stream, k);
-    else
-      s = launch_kernel("decode_kernel", mma_kernel, grid, dim3(Tr::kThreads), smem_bytes, stream,
-                        k);
-  } else
+  }
 #endif
-  {
+  if (!warpgroup && !keys_as_m)
     s = launch_kernel("decode_kernel", mma_kernel, grid, dim3(Tr::kThreads), smem_bytes, stream,
                       k);
-  }
   if (!s) return s;
   if (shape.max_partials() > 0) {
     if (!(s = launch_combine<typename Problem::q_type>(

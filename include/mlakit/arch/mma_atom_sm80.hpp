@@ -52,18 +52,27 @@ struct MmaAtomSm80 {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
   }
 
-  // ldmatrix .x4 (.trans): four 8x8 b16 matrices whose rows lanes 8j..8j+7 address.
+  // ldmatrix .x4 (.trans): four 8x8 b16 matrices whose rows lanes 8j..8j+7 address (a
+  // shared-memory pointer, or a shared address for callers that add constant offsets).
   __device__ static void ldsm_x4(std::uint32_t& r0, std::uint32_t& r1, std::uint32_t& r2,
-                                 std::uint32_t& r3, const void* p) {
+                                 std::uint32_t& r3, std::uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(detail::smem_u32(p)));
+                 : "r"(addr));
+  }
+  __device__ static void ldsm_x4(std::uint32_t& r0, std::uint32_t& r1, std::uint32_t& r2,
+                                 std::uint32_t& r3, const void* p) {
+    ldsm_x4(r0, r1, r2, r3, detail::smem_u32(p));
+  }
+  __device__ static void ldsm_x4_trans(std::uint32_t& r0, std::uint32_t& r1, std::uint32_t& r2,
+                                       std::uint32_t& r3, std::uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
   }
   __device__ static void ldsm_x4_trans(std::uint32_t& r0, std::uint32_t& r1, std::uint32_t& r2,
                                        std::uint32_t& r3, const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(detail::smem_u32(p)));
+    ldsm_x4_trans(r0, r1, r2, r3, detail::smem_u32(p));
   }
 
   // Operands live in shared-memory tiles whose element offsets come from Layout::offset(row,

@@ -30,6 +30,7 @@
 #include <cstdint>
 
 #include "../platform/platform.hpp"
+#include "mma_atom.hpp"
 #include "pipeline_sm90.hpp"
 #include "wgmma_sm90.hpp"
 
@@ -71,9 +72,8 @@ __device__ __forceinline__ std::uint32_t f32x4_to_e4m3x4(float x0, float x1, flo
 // Four e4m3fn bytes -> floats (exact), byte 0 first.
 __device__ __forceinline__ void e4m3x4_to_f32x4(std::uint32_t w, float (&x)[4]) {
 #if defined(MLAKIT_WGMMA_ENABLED)
-  std::uint32_t h01, h23;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h01) : "h"(static_cast<std::uint16_t>(w & 0xFFFFu)));
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h23) : "h"(static_cast<std::uint16_t>(w >> 16)));
+  const std::uint32_t h01 = MmaAtom<fp16_t>::e4m3x2_to_f16x2(w & 0xFFFFu);
+  const std::uint32_t h23 = MmaAtom<fp16_t>::e4m3x2_to_f16x2(w >> 16);
   const std::uint16_t h[4] = {static_cast<std::uint16_t>(h01), static_cast<std::uint16_t>(h01 >> 16),
                               static_cast<std::uint16_t>(h23), static_cast<std::uint16_t>(h23 >> 16)};
 #pragma unroll
@@ -149,9 +149,8 @@ __device__ __forceinline__ void transpose_v_e4m3(std::uint32_t src, std::uint32_
     // Matrix mi: tokens 16 tb + 8 (mi & 1) .. + 7, dims 32 dblk + 16 (mi >> 1) .. + 15.
     const int tok = 16 * tb + 8 * (mi & 1) + r, d = 32 * dblk + 16 * (mi >> 1);
     std::uint32_t m[4];
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(m[0]), "=r"(m[1]), "=r"(m[2]), "=r"(m[3])
-                 : "r"(src + (d >> 7) * 8192 + sw128_offset(tok, d & 127)));
+    MmaAtom<fp16_t>::ldsm_x4_trans(m[0], m[1], m[2], m[3],
+                                   src + (d >> 7) * 8192 + sw128_offset(tok, d & 127));
     const int kappa0 = 16 * tb + 4 * t;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

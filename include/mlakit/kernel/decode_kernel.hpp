@@ -168,6 +168,28 @@ struct DecodeMainloop {
   DType kv;
   int kv_bytes;
 
+  // The mainloop state of row tile `row_tile` (request b set per piece by the caller); every
+  // kernel starts from it (the warp-specialized one spells the same fields out: through this
+  // function ptxas schedules its dynamic-KV producer differently, and that code was validated).
+  __device__ static DecodeMainloop of_tile(const KernelArgs& p, unsigned char* smem,
+                                           int row_tile) {
+    DecodeMainloop ml{p,
+                      smem,
+                      0,
+                      row_tile,
+                      Tr::heads(p.a),
+                      Tr::q_len(p.a),
+                      0,
+                      0,
+                      Tr::causal(p.a),
+                      Tr::kv_dtype(p.a),
+                      0};
+    ml.rows = ml.heads * ml.q_len;
+    ml.row0 = row_tile * Tr::kRows;
+    ml.kv_bytes = static_cast<int>(dtype_bytes(ml.kv));
+    return ml;
+  }
+
   __device__ T* sQ() const { return reinterpret_cast<T*>(smem); }
   __device__ T* sKv(int stage) const {
     return reinterpret_cast<T*>(smem + Tr::kOffKv) + stage * Tr::kTileElems;
@@ -771,20 +793,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kCtasPerSm) decode_kernel(co
       cp = p.ws.ctas[cta];
       per_cta = p.ws.header[1];
     }
-    DecodeMainloop<Tr> ml{p,
-                          smem,
-                          0,
-                          row_tile,
-                          Tr::heads(p.a),
-                          Tr::q_len(p.a),
-                          0,
-                          0,
-                          Tr::causal(p.a),
-                          Tr::kv_dtype(p.a),
-                          0};
-    ml.rows = ml.heads * ml.q_len;
-    ml.row0 = row_tile * Tr::kRows;
-    ml.kv_bytes = static_cast<int>(dtype_bytes(ml.kv));
+    DecodeMainloop<Tr> ml = DecodeMainloop<Tr>::of_tile(p, smem, row_tile);
     if (ml.row0 >= ml.rows) return;
     for (int b = cp.req_begin; b <= cp.req_end; ++b) {
       ml.b = b;

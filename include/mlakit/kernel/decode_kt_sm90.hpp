@@ -42,6 +42,7 @@
 
 #include "../arch/convert.hpp"
 #include "../arch/copy_atom.hpp"
+#include "../arch/mma_atom.hpp"
 #include "../arch/pipeline_sm90.hpp"
 #include "../arch/wgmma_sm90.hpp"
 #include "../core/attention_math.hpp"
@@ -80,6 +81,7 @@ template <class Tr>
 struct KtMainloop {
   using Tq = typename Tr::Tq;
   using W = arch::Wgmma<fp16_t>;
+  using Atom = typename Tr::Atom;  // arch::MmaAtom<fp16_t>: ldmatrix and the e4m3x2 widening
   using Copy = typename Tr::Copy;
   using Raw = SwizzledByteRows<kHeadDimQK>;
   using QTile = Swizzle128Tile<16>;
@@ -87,7 +89,7 @@ struct KtMainloop {
   using State = arch::PipelineState<KtSharedStorage::kStages>;
   static constexpr int kThreads = 160;
   static constexpr int kConsumerThreads = 128;
-  static constexpr int kCtasPerSm = 2;
+  static constexpr int kCtasPerSm = arch::kKeysAsMCtasPerSm;
   static_assert(Tr::kRows == 16 && Tr::kFp8Operands, "16-row tiles of e4m3fn KV");
   static_assert(kCtasPerSm * (sizeof(KtSharedStorage) + sizeof(KtStaticStorage) + 1024) <= 233472,
                 "two CTAs fit the 228 KB of an sm_90 SM");
@@ -161,22 +163,6 @@ struct KtMainloop {
 
   // ---- consumer warpgroup ------------------------------------------------------------------
 
-  __device__ static void ldsm_x4(std::uint32_t (&r)[4], std::uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-  }
-  __device__ static void ldsm_x4_trans(std::uint32_t (&r)[4], std::uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-  }
-  __device__ static std::uint32_t e4m3x2_to_f16x2(std::uint32_t two) {
-    std::uint32_t h;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h) : "h"(static_cast<std::uint16_t>(two)));
-    return h;
-  }
-
   // Q [16 x 576] -> sQ in f16 x 2^e per row, each 16-dim block permuted as the K fragments
   // deliver it (dims {0,1,4,5,8,9,12,13} in unit 2 blk, {2,3,6,7,10,11,14,15} in 2 blk + 1).
   __device__ void load_q() const {
@@ -213,15 +199,15 @@ struct KtMainloop {
       for (int i = 0; i < kSPairsPerBatch; ++i) {
         const int cp = b * kSPairsPerBatch + i;
         std::uint32_t r[4];
-        ldsm_x4(r, ((cp & 1) ? base_o : base_e) + 64 * (cp >> 1));
-        a[2 * i][0] = e4m3x2_to_f16x2(r[0] & 0xFFFFu);
-        a[2 * i][1] = e4m3x2_to_f16x2(r[1] & 0xFFFFu);
-        a[2 * i][2] = e4m3x2_to_f16x2(r[0] >> 16);
-        a[2 * i][3] = e4m3x2_to_f16x2(r[1] >> 16);
-        a[2 * i + 1][0] = e4m3x2_to_f16x2(r[2] & 0xFFFFu);
-        a[2 * i + 1][1] = e4m3x2_to_f16x2(r[3] & 0xFFFFu);
-        a[2 * i + 1][2] = e4m3x2_to_f16x2(r[2] >> 16);
-        a[2 * i + 1][3] = e4m3x2_to_f16x2(r[3] >> 16);
+        Atom::ldsm_x4(r[0], r[1], r[2], r[3], ((cp & 1) ? base_o : base_e) + 64 * (cp >> 1));
+        a[2 * i][0] = Atom::e4m3x2_to_f16x2(r[0] & 0xFFFFu);
+        a[2 * i][1] = Atom::e4m3x2_to_f16x2(r[1] & 0xFFFFu);
+        a[2 * i][2] = Atom::e4m3x2_to_f16x2(r[0] >> 16);
+        a[2 * i][3] = Atom::e4m3x2_to_f16x2(r[1] >> 16);
+        a[2 * i + 1][0] = Atom::e4m3x2_to_f16x2(r[2] & 0xFFFFu);
+        a[2 * i + 1][1] = Atom::e4m3x2_to_f16x2(r[3] & 0xFFFFu);
+        a[2 * i + 1][2] = Atom::e4m3x2_to_f16x2(r[2] >> 16);
+        a[2 * i + 1][3] = Atom::e4m3x2_to_f16x2(r[3] >> 16);
       }
       arch::wgmma_fence();  // the A registers were just written
 #pragma unroll
@@ -256,14 +242,14 @@ struct KtMainloop {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         std::uint32_t r[4];
-        ldsm_x4_trans(r, base + 16 * j * kHeadDimQK + 64 * (mb0 + 2 * i));
+        Atom::ldsm_x4_trans(r[0], r[1], r[2], r[3], base + 16 * j * kHeadDimQK + 64 * (mb0 + 2 * i));
 #pragma unroll
         for (int h = 0; h < 4; ++h) {
           // bytes (tok 2t: dim 2g, 2g+1 | tok 2t+1: dim 2g, 2g+1) -> (dim 2g: 2t, 2t+1 | dim 2g+1);
           // r[0], r[1]: tokens +0 / +8 of block mb0 + 2i, r[2], r[3]: of block mb0 + 2i + 1
           const std::uint32_t w = __byte_perm(r[h], 0u, 0x3120);
-          a[2 * i + (h >> 1)][2 * (h & 1)] = e4m3x2_to_f16x2(w & 0xFFFFu);
-          a[2 * i + (h >> 1)][2 * (h & 1) + 1] = e4m3x2_to_f16x2(w >> 16);
+          a[2 * i + (h >> 1)][2 * (h & 1)] = Atom::e4m3x2_to_f16x2(w & 0xFFFFu);
+          a[2 * i + (h >> 1)][2 * (h & 1) + 1] = Atom::e4m3x2_to_f16x2(w >> 16);
         }
       }
       if (b == 7) pipe.consumer_release(st, 0);  // every read of the stage is done
@@ -449,7 +435,8 @@ struct KtMainloop {
 // The kernel of the keys-as-M mainloop: same grid, plan and workspace as decode_kernel<Tr>
 // (planned for two CTAs per SM); 160 threads.
 template <class Tr>
-__global__ void __launch_bounds__(160, 2) decode_kernel_kt(const KernelArgs p) {
+__global__ void __launch_bounds__(160, arch::kKeysAsMCtasPerSm)
+    decode_kernel_kt(const KernelArgs p) {
 #if defined(MLAKIT_WGMMA_ENABLED)
   extern __shared__ __align__(1024) unsigned char smem[];
   __shared__ KtStaticStorage sv;
@@ -459,20 +446,7 @@ __global__ void __launch_bounds__(160, 2) decode_kernel_kt(const KernelArgs p) {
   const int cta = static_cast<int>(blockIdx.y);
   const CtaPlan cp = p.ws.ctas[cta];
   const int per_cta = p.ws.header[1];
-  DecodeMainloop<Tr> dm{p,
-                        smem,
-                        0,
-                        row_tile,
-                        Tr::heads(p.a),
-                        Tr::q_len(p.a),
-                        0,
-                        0,
-                        Tr::causal(p.a),
-                        Tr::kv_dtype(p.a),
-                        0};
-  dm.rows = dm.heads * dm.q_len;
-  dm.row0 = row_tile * Tr::kRows;
-  dm.kv_bytes = 1;
+  DecodeMainloop<Tr> dm = DecodeMainloop<Tr>::of_tile(p, smem, row_tile);
   if (dm.row0 >= dm.rows) return;
   if (threadIdx.x == 0) {
     constexpr int kReleasers[KtSharedStorage::kStages][1] = {{4}, {4}};

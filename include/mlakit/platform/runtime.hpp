@@ -175,8 +175,8 @@ inline DriverFuncSetAttribute driver_func_set_attribute() {
 // is therefore set on the kernel's driver function (cudaGetFuncBySymbol +
 // cuFuncSetAttribute), which leaves the last error alone; cudaFuncSetAttribute is the
 // fallback where the driver entry point is missing.
-// max_carveout: also prefer the largest shared-memory carveout (a kernel that needs it to keep
-// more than one CTA resident per SM; the driver's default choice kept one).
+// max_carveout: also prefer the largest shared-memory carveout (for a kernel whose residency
+// of several CTAs per SM needs most of it: the keys-as-M kernel, two CTAs of 95 KB).
 template <class Kernel>
 inline Status set_dynamic_smem(Kernel kernel, int bytes, bool max_carveout = false) {
   return with_relaxed_capture([&] {
