@@ -480,6 +480,30 @@ TEST_CASE("the e4m3fn 16-row plan: three CTAs per SM from 32 row tiles up (mma.s
   }
 }
 
+TEST_CASE("the e4m3fn 32-row plan: one CTA per SM on sm_80 (mma.sync) and sm_90 (keys-as-M)",
+          "[validate]") {
+  const DeviceInfo a100{0, 108, 166912, 80};
+  DecodeArgs a = valid_args();
+  a.split_mode = SplitMode::automatic;
+  REQUIRE(arch::kPolicies[arch::policy_index_for_rows(32)].fp8_mainloop ==
+          arch::Mainloop::keys_as_m);
+  for (auto [heads, q_len] : {std::pair{16, 2}, std::pair{8, 4}, std::pair{12, 2}, std::pair{32, 1}})
+    for (int batch : {1, 32, 128}) {
+      a.num_heads = heads;
+      a.q_len = q_len;
+      a.batch = batch;
+      a.kv_type = DType::fp8_e4m3fn;
+      set_packed_strides(a);
+      INFO("heads " << heads << " q_len " << q_len << " batch " << batch);
+      const int idx = detail::policy_index(a, kH100);
+      REQUIRE(arch::kPolicies[idx].rows == 32);
+      CHECK(detail::table_ctas_per_sm(a, idx, kH100.arch) == 1);
+      CHECK(detail::table_ctas_per_sm(a, idx, a100.arch) == 1);
+      CHECK(detail::plan_shape(a, idx, kH100).num_ctas == kH100.sm_count);
+      CHECK(detail::plan_shape(a, idx, a100).num_ctas == a100.sm_count);
+    }
+}
+
 TEST_CASE("workspace_bytes depends on batch, heads, q_len, split mode and device only",
           "[validate]") {
   std::mt19937 rng(20240611);

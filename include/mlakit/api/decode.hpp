@@ -58,11 +58,12 @@ inline int plan_ctas_per_sm(const DecodeArgs& a, int policy, int resident) {
 // its e4m3fn entries read KV raw (DecodeTraits::kFp8Operands) and keep fp8_ctas_per_sm where
 // the policy has one (NVIDIA); every other entry keeps ctas_per_sm.
 // On sm_90 (device code built for sm_90a), e4m3fn entries of a policy whose fp8 mainloop is
-// keys_as_m run decode_kernel_kt, which keeps kKeysAsMCtasPerSm.
+// keys_as_m run decode_kernel_kt, which keeps keys_as_m_ctas_per_sm(rows).
 inline int table_ctas_per_sm(const DecodeArgs& a, int policy, int arch = 0) {
   const arch::TilePolicy& tp = arch::kPolicies[policy];
   if (a.kv_type != DType::fp8_e4m3fn) return tp.ctas_per_sm;
-  if (arch == 90 && tp.fp8_mainloop == arch::Mainloop::keys_as_m) return arch::kKeysAsMCtasPerSm;
+  if (arch == 90 && tp.fp8_mainloop == arch::Mainloop::keys_as_m)
+    return arch::keys_as_m_ctas_per_sm(tp.rows);
   return tp.fp8_ctas_per_sm > 0 ? tp.fp8_ctas_per_sm : tp.ctas_per_sm;
 }
 
@@ -198,11 +199,13 @@ inline Status warpgroup_usable(const DeviceInfo& dev, bool* usable) {
   return sm90a_kernel_usable<WsTag<Tr>>(decode_kernel_ws<Tr>, sizeof(WsStaticStorage),
                                         sizeof(WsSharedStorage), dev, usable);
 }
-// decode_kernel_kt<Tr> (16-row tiles of e4m3fn KV) runs its mainloop on `dev`.
+// decode_kernel_kt<Tr> (16- and 32-row tiles of e4m3fn KV) runs its mainloop on `dev`.
 template <class Tr>
 inline Status keys_as_m_usable(const DeviceInfo& dev, bool* usable) {
-  return sm90a_kernel_usable<KtTag<Tr>>(decode_kernel_kt<Tr>, sizeof(KtStaticStorage),
-                                        sizeof(KtSharedStorage), dev, usable, true);
+  return sm90a_kernel_usable<KtTag<Tr>>(decode_kernel_kt<Tr>,
+                                        sizeof(typename KtMainloop<Tr>::StaticStorage),
+                                        sizeof(typename KtMainloop<Tr>::SharedStorage), dev, usable,
+                                        true);
 }
 #endif
 
@@ -243,7 +246,8 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   // as plan_shape(); a kv_any_t entry given e4m3fn KV keeps ctas_per_sm).
   const PlanShape shape = plan_shape_for(
       a, PolicyIndex, dev,
-      plan_ctas_per_sm(a, PolicyIndex, keys_as_m ? arch::kKeysAsMCtasPerSm : Tr::kCtasPerSm));
+      plan_ctas_per_sm(a, PolicyIndex,
+                       keys_as_m ? arch::keys_as_m_ctas_per_sm(Tr::kRows) : Tr::kCtasPerSm));
   const int rows_padded = shape.row_tiles * Tr::kRows;
   const WorkspaceLayout wl = workspace_layout(shape, rows_padded);
   if (workspace == nullptr || workspace_size < static_cast<std::size_t>(wl.bytes))
@@ -300,7 +304,8 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   if constexpr (Tr::kKeysAsM) {
     if (keys_as_m)
       s = launch_kernel("decode_kernel_kt", decode_kernel_kt<Tr>, grid,
-                        dim3(KtMainloop<Tr>::kThreads), sizeof(KtSharedStorage), stream, k);
+                        dim3(KtMainloop<Tr>::kThreads),
+                        sizeof(typename KtMainloop<Tr>::SharedStorage), stream, k);
   }
 #endif
   if (!warpgroup && !keys_as_m)

@@ -141,9 +141,11 @@ enum class NamedBarrier : int {
   producer = 4,   // the producer warpgroup (in-place fp8 conversion steps)
   p_a = 5,        // warpgroup 0 published P of the even tile (scaled to the pair's max)
   pb_issued = 6,  // warpgroup 1 published P of the odd tile and issued both its P V
-  // The keys-as-M mainloop (one consumer warpgroup, decode_kt_sm90.hpp):
-  tile_max = 7,  // every warp published its tile maxima of the 16 rows
-  tile_p = 8,    // every warp wrote its keys of P
+  // The keys-as-M mainloop (decode_kt_sm90.hpp), per consumer warpgroup (0, 1):
+  tile_max = 7,    // every warp of warpgroup 0 published its tile maxima of the rows
+  tile_p = 8,      // every warp of warpgroup 0 wrote its keys of P
+  tile_max_1 = 9,  // the same for warpgroup 1 (32-row tiles)
+  tile_p_1 = 10,
 };
 
 __device__ __forceinline__ void named_sync(NamedBarrier id, int threads) {

@@ -10,14 +10,14 @@ namespace mlakit::arch {
 // (every target). warpgroup_ws: the warp-specialized wgmma mainloop of decode_ws_sm90.hpp
 // (its own kernel, 384 threads) where the device runs its sm_90a code; elsewhere the policy
 // falls back to warp_mma with `threads` threads.
-// keys_as_m: the keys-as-M wgmma mainloop of decode_kt_sm90.hpp (its own kernel, 160
-// threads, two CTAs per SM) for e4m3fn KV where the device runs its sm_90a code
-// (TilePolicy::fp8_mainloop).
+// keys_as_m: the keys-as-M wgmma mainloop of decode_kt_sm90.hpp (its own kernel: 16 rows 160
+// threads and two CTAs per SM, 32 rows 384 threads and one) for e4m3fn KV where the device
+// runs its sm_90a code (TilePolicy::fp8_mainloop).
 enum class Mainloop : int { warp_mma = 0, warpgroup_ws = 2, keys_as_m = 3 };
 
-// CTAs per SM of the keys-as-M kernel (its shared memory: Q 18 KB, P 2 KB, two raw 36 KB
-// stages); its plan aims for them.
-inline constexpr int kKeysAsMCtasPerSm = 2;
+// CTAs per SM of the keys-as-M kernel of `rows`-row tiles (16 rows: Q 18 KB, P 2 KB, two raw
+// 36 KB stages; 32 rows: Q 36 KB, two P of 4 KB, four raw stages); its plan aims for them.
+constexpr int keys_as_m_ctas_per_sm(int rows) { return rows <= 16 ? 2 : 1; }
 
 // When the e4m3fn raw path of the mma.sync mainloop loads each token's page id one tile ahead
 // of the token's copies instead of right before them. small_pages: for page sizes below the
@@ -45,7 +45,7 @@ struct TilePolicy {
   // tiles of work up (api/decode.hpp, plan_ctas_per_sm).
   int fp8_ctas_per_sm = 0;
   // e4m3fn KV on sm_90a: the mainloop that runs instead of `mainloop` (keys_as_m for the
-  // 16-row tile; warp_mma: the same as for other KV).
+  // 16- and 32-row tiles; warp_mma: the same as for other KV).
   Mainloop fp8_mainloop = Mainloop::warp_mma;
 };
 
@@ -78,7 +78,8 @@ inline constexpr TilePolicy kPolicies[] = {
 inline constexpr TilePolicy kPolicies[] = {
     {16, 32, 128, 2, 36864, 2, 2, Mainloop::warp_mma, IdsAhead::small_pages, 3,
      Mainloop::keys_as_m},
-    {32, 64, 256, 2, 110592, 1, 4, Mainloop::warp_mma, IdsAhead::always},
+    {32, 64, 256, 2, 110592, 1, 4, Mainloop::warp_mma, IdsAhead::always, 0,
+     Mainloop::keys_as_m},
     {64, 64, 256, 2, 73728, 1, 3, Mainloop::warpgroup_ws},
 };
 #endif

@@ -177,6 +177,22 @@ struct Wgmma {
 #endif
   }
 
+  // D[64 x 32] (+)= A[64 x 16] B[16 x 32], A from registers as in mma_rs_n16: the keys-as-M
+  // mainloop of 32-row tiles.
+  __device__ static void mma_rs_n32(float (&d)[16], const std::uint32_t (&a)[4],
+                                    std::uint64_t desc_b, bool accumulate) {
+#if defined(MLAKIT_WGMMA_ENABLED)
+    if constexpr (kBf16)
+      MLAKIT_WGMMA_RS("m64n32k16", "bf16", MLAKIT_WGMMA_REGS16, "{%16,%17,%18,%19}", "%20", "%21",
+                      "0", MLAKIT_WGMMA_OUT16);
+    else
+      MLAKIT_WGMMA_RS("m64n32k16", "f16", MLAKIT_WGMMA_REGS16, "{%16,%17,%18,%19}", "%20", "%21",
+                      "0", MLAKIT_WGMMA_OUT16);
+#else
+    (void)d, (void)a, (void)desc_b, (void)accumulate;
+#endif
+  }
+
   // D[64 x 256] (+)= A[64 x 16] B[16 x 256], A K-major, B MN-major (transposed).
   __device__ static void mma_ss_n256_tb(float (&d)[128], std::uint64_t desc_a, std::uint64_t desc_b,
                                         bool accumulate) {

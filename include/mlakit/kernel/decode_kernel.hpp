@@ -117,7 +117,7 @@ struct DecodeTraits {
   // e4m3fn KV of a policy whose fp8 mainloop is keys_as_m: decode_kernel_kt
   // (decode_kt_sm90.hpp) on sm_90a, this kernel elsewhere.
   static constexpr bool kKeysAsM =
-      kFp8Operands && kPolicy.fp8_mainloop == arch::Mainloop::keys_as_m && kRows == 16;
+      kFp8Operands && kPolicy.fp8_mainloop == arch::Mainloop::keys_as_m && (kRows == 16 || kRows == 32);
 
   __device__ static int heads(const DecodeArgs& a) {
     return Problem::kHeads > 0 ? Problem::kHeads : a.num_heads;

@@ -58,23 +58,49 @@ namespace mlakit::detail {
 template <class Tr>
 struct DecodeMainloop;
 
-// Dynamic shared memory of the keys-as-M mainloop (94 KB: two CTAs per SM).
+// The shape of the kernel per tile size. 16 rows: one consumer warpgroup and one producer warp
+// (160 threads), two raw stages, two CTAs per SM (168 registers: a scheduler that holds three
+// of the ten warps has 16384). 32 rows: O^T alone takes 128 accumulator registers per thread,
+// so one CTA per SM holds two consumer warpgroups that take alternate tiles (their states are
+// merged at the end of a piece) and a producer warpgroup (384 threads, setmaxnreg hands the
+// consumers 232 registers), four raw stages.
+template <int Rows>
+struct KtConfig;
+template <>
+struct KtConfig<16> {
+  static constexpr int kWarpgroups = 1, kProducerWarps = 1, kStages = 2;
+  static constexpr int kConsumerRegs = 0, kProducerRegs = 0;  // no hand-over
+};
+template <>
+struct KtConfig<32> {
+  static constexpr int kWarpgroups = 2, kProducerWarps = 4, kStages = 4;
+  static constexpr int kConsumerRegs = 232, kProducerRegs = 40;
+};
+
+// Dynamic shared memory of the keys-as-M mainloop (16 rows: 94 KB, two CTAs per SM; 32 rows:
+// 188 KB).
+template <int Rows>
 struct KtSharedStorage {
-  static constexpr int kStages = 2;
+  static constexpr int kStages = KtConfig<Rows>::kStages;
   static constexpr int kStageBytes = 64 * kHeadDimQK;  // raw e4m3fn [64 tokens x 576 B]
-  alignas(1024) unsigned char q[9 * Swizzle128Tile<16>::kChunkBytes];  // Q [16 x 576] f16
-  alignas(1024) unsigned char p[Swizzle128Tile<16>::kChunkBytes];      // P [16 x 64 keys] f16
+  // Q [Rows x 576] f16; after a piece's last tile, the exchange buffer of the two warpgroups'
+  // states (32 rows).
+  alignas(1024) unsigned char q[9 * Swizzle128Tile<Rows>::kChunkBytes];
+  // P [Rows x 64 keys] f16 of each consumer warpgroup.
+  alignas(1024) unsigned char p[KtConfig<Rows>::kWarpgroups][Swizzle128Tile<Rows>::kChunkBytes];
   alignas(128) unsigned char kv[kStages][kStageBytes];
 };
 // Static shared memory: only sm_90a code of the kernel declares it (keys_as_m_usable() in
 // api/decode.hpp tells the loaded code by its size; 1024-aligned, as the dynamic part that
 // follows it, so that the size the runtime reports is sizeof).
+template <int Rows>
 struct alignas(1024) KtStaticStorage {
-  using Pipeline = arch::RingPipeline<KtSharedStorage::kStages, 1, 1, 32>;
-  float tile_max[2][4][16];  // [tile parity][warp][row]
-  float row_sum[4][16];      // epilogue: l of each warp's keys
-  float q_scale[16];         // 2^-e of each Q row
-  Pipeline::Storage bars;
+  using C = KtConfig<Rows>;
+  using Pipeline = arch::RingPipeline<C::kStages, 1, 1, 32 * C::kProducerWarps>;
+  float tile_max[2][C::kWarpgroups][4][Rows];  // [tile parity][warpgroup][warp][row]
+  float row_sum[C::kWarpgroups][4][Rows];      // epilogue: l of each warp's keys
+  float q_scale[Rows];                         // 2^-e of each Q row
+  typename Pipeline::Storage bars;
 };
 
 template <class Tr>
@@ -83,27 +109,43 @@ struct KtMainloop {
   using W = arch::Wgmma<fp16_t>;
   using Atom = typename Tr::Atom;  // arch::MmaAtom<fp16_t>: ldmatrix and the e4m3x2 widening
   using Copy = typename Tr::Copy;
-  using Raw = SwizzledByteRows<kHeadDimQK>;
-  using QTile = Swizzle128Tile<16>;
-  using Pipeline = KtStaticStorage::Pipeline;
-  using State = arch::PipelineState<KtSharedStorage::kStages>;
-  static constexpr int kThreads = 160;
-  static constexpr int kConsumerThreads = 128;
-  static constexpr int kCtasPerSm = arch::kKeysAsMCtasPerSm;
-  static_assert(Tr::kRows == 16 && Tr::kFp8Operands, "16-row tiles of e4m3fn KV");
-  static_assert(kCtasPerSm * (sizeof(KtSharedStorage) + sizeof(KtStaticStorage) + 1024) <= 233472,
-                "two CTAs fit the 228 KB of an sm_90 SM");
+  static constexpr int kRows = Tr::kRows;
+  using Cfg = KtConfig<kRows>;
+  using SharedStorage = KtSharedStorage<kRows>;
+  using StaticStorage = KtStaticStorage<kRows>;
+  using QTile = Swizzle128Tile<kRows>;
+  using Pipeline = typename StaticStorage::Pipeline;
+  using State = arch::PipelineState<SharedStorage::kStages>;
+  static constexpr int kWg = Cfg::kWarpgroups;
+  static constexpr int kConsumerThreads = 128 * kWg;
+  static constexpr int kProducerThreads = 32 * Cfg::kProducerWarps;
+  static constexpr int kThreads = kConsumerThreads + kProducerThreads;
+  static constexpr int kCtasPerSm = arch::keys_as_m_ctas_per_sm(kRows);
+  static constexpr int kTok = 8 / Cfg::kProducerWarps;  // tokens per producer lane and tile
+  static constexpr int kQ = kRows / 4;  // rows per thread in an m64 x kRows accumulator
+  static constexpr int kS = kRows / 2;  // registers per thread of an m64 x kRows accumulator
+  static_assert((kRows == 16 || kRows == 32) && Tr::kFp8Operands, "16 or 32 rows of e4m3fn KV");
+  static_assert(kCtasPerSm * (sizeof(SharedStorage) + sizeof(StaticStorage) + 1024) <= 233472,
+                "the CTAs fit the 228 KB of an sm_90 SM");
+  static_assert(Cfg::kConsumerRegs == 0 ||
+                    kConsumerThreads * Cfg::kConsumerRegs + kProducerThreads * Cfg::kProducerRegs <=
+                        kThreads * (65536 / kThreads / 8 * 8),
+                "the register split exceeds the CTA's allocation");
+  // The merge of two warpgroups' states: two buffers of one m64 x kRows accumulator per thread
+  // and warpgroup fit the Q region.
+  static_assert(kWg == 1 || 2 * kWg * kS * 128 * 4 <= int(sizeof(SharedStorage::q)),
+                "the exchange buffers fit the Q region");
 
   DecodeMainloop<Tr>& m;
-  KtSharedStorage& ss;
-  KtStaticStorage& sv;
+  SharedStorage& ss;
+  StaticStorage& sv;
 
   struct Range {
     int kv_begin, kv_end;  // tokens [kv_begin, kv_end) the piece reads (after causal clip)
     int n_tiles;           // 64-token tiles
   };
   __device__ Range range(const RequestPlan& rq, const Piece& pc) const {
-    const int last_row = (m.row0 + 16 < m.rows ? m.row0 + 16 : m.rows) - 1;
+    const int last_row = (m.row0 + kRows < m.rows ? m.row0 + kRows : m.rows) - 1;
     const int vis_last = visible_keys(rq.kv_len, m.q_len, last_row / m.heads, m.causal);
     Range r;
     r.kv_begin = pc.kv_begin;
@@ -112,58 +154,74 @@ struct KtMainloop {
     return r;
   }
 
-  // ---- producer warp -----------------------------------------------------------------------
-  // Lane l copies tokens l / 4 + 8 k (k = 0..7), 16 bytes at 16 (l % 4) + 64 c of each row
-  // (c = 0..8). The tokens share (token >> 1) & 3, hence the swizzled column, so every copy
-  // is one instruction at constant offsets from a per-lane shared base and a per-token source.
-  __device__ void fetch_pages(const std::int32_t* table, int kt, int last, int lane,
-                              int (&id)[8]) const {
+  __device__ static void mma(float (&d)[kS], const std::uint32_t (&a)[4], std::uint64_t desc_b,
+                             bool accumulate) {
+    if constexpr (kRows == 16)
+      W::mma_rs_n16(d, a, desc_b, accumulate);
+    else
+      W::mma_rs_n32(d, a, desc_b, accumulate);
+  }
+  __device__ static arch::NamedBarrier tile_max_bar(int w) {
+    return w == 0 ? arch::NamedBarrier::tile_max : arch::NamedBarrier::tile_max_1;
+  }
+  __device__ static arch::NamedBarrier tile_p_bar(int w) {
+    return w == 0 ? arch::NamedBarrier::tile_p : arch::NamedBarrier::tile_p_1;
+  }
+
+  // ---- producer warps ----------------------------------------------------------------------
+  // Producer thread l (of 32 x kProducerWarps) copies tokens l / 4 + 8 kProducerWarps k
+  // (k < kTok), 16 bytes at 16 (l % 4) + 64 c of each row (c = 0..8). The tokens share
+  // (token >> 1) & 3, hence the swizzled column, so every copy is one instruction at constant
+  // offsets from a per-thread shared base and a per-token source.
+  static constexpr int kTokStride = 8 * Cfg::kProducerWarps;
+  __device__ void fetch_pages(const std::int32_t* table, int kt, int last, int pl,
+                              int (&id)[kTok]) const {
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const int j = min(kt + lane / 4 + 8 * k, last);
+    for (int k = 0; k < kTok; ++k) {
+      const int j = min(kt + pl / 4 + kTokStride * k, last);
       id[k] = __ldg(table + j / m.p.a.page_size);
     }
   }
   __device__ void produce(const Range& r, State& st) const {
     if (r.n_tiles == 0) return;
     const Pipeline pipe{sv.bars};
-    const int lane = static_cast<int>(threadIdx.x) - kConsumerThreads;
-    const int sub = lane & 3, r0 = lane >> 2;
+    const int pl = static_cast<int>(threadIdx.x) - kConsumerThreads;
+    const int sub = pl & 3, r0 = pl >> 2;
     const std::int32_t* table = m.page_table();
     const int last = r.kv_end - 1;
     const std::uint32_t dst0 = r0 * kHeadDimQK + ((sub ^ ((r0 >> 1) & 3)) << 4);
-    int id[8];
-    fetch_pages(table, r.kv_begin, last, lane, id);
+    int id[kTok];
+    fetch_pages(table, r.kv_begin, last, pl, id);
     for (int i = 0; i < r.n_tiles; ++i) {
       const int kt = r.kv_begin + 64 * i;
-      const unsigned char* src[8];
-      std::uint32_t bytes[8];
+      const unsigned char* src[kTok];
+      std::uint32_t bytes[kTok];
 #pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const int j = kt + r0 + 8 * k;
+      for (int k = 0; k < kTok; ++k) {
+        const int j = kt + r0 + kTokStride * k;
         const bool valid = j < r.kv_end;
         src[k] = (valid ? m.page_row(id[k], j % m.p.a.page_size)
                         : static_cast<const unsigned char*>(m.p.a.kv)) +
                  16 * sub;
         bytes[k] = valid ? 16u : 0u;
       }
-      if (i + 1 < r.n_tiles) fetch_pages(table, kt + 64, last, lane, id);  // in flight
+      if (i + 1 < r.n_tiles) fetch_pages(table, kt + 64, last, pl, id);  // in flight
       pipe.producer_acquire(st, 0);
       const std::uint32_t dst = smem_u32(ss.kv[st.stage()]) + dst0;
 #pragma unroll
-      for (int k = 0; k < 8; ++k) {
+      for (int k = 0; k < kTok; ++k) {
 #pragma unroll
         for (int c = 0; c < 9; ++c)
-          Copy::copy16(dst + k * 8 * kHeadDimQK + 64 * c, src[k] + 64 * c, bytes[k]);
+          Copy::copy16(dst + k * kTokStride * kHeadDimQK + 64 * c, src[k] + 64 * c, bytes[k]);
       }
       pipe.producer_commit_cp_async(st, 0);
       st.advance();
     }
   }
 
-  // ---- consumer warpgroup ------------------------------------------------------------------
+  // ---- consumer warpgroups -----------------------------------------------------------------
 
-  // Q [16 x 576] -> sQ in f16 x 2^e per row, each 16-dim block permuted as the K fragments
+  // Q [kRows x 576] -> sQ in f16 x 2^e per row, each 16-dim block permuted as the K fragments
   // deliver it (dims {0,1,4,5,8,9,12,13} in unit 2 blk, {2,3,6,7,10,11,14,15} in 2 blk + 1).
   __device__ void load_q() const {
     unsigned char* q = ss.q;
@@ -182,7 +240,7 @@ struct KtMainloop {
   // in batches of kSPairsPerBatch, one batch in flight while the next one's registers are
   // built (each batch may reuse the registers of the batch two before it).
   static constexpr int kSPairsPerBatch = 2;  // ldmatrix.x4 (two k-steps each) per batch
-  __device__ void issue_s(float (&s)[8], std::uint32_t kv, int wi, int lane) const {
+  __device__ void issue_s(float (&s)[kS], std::uint32_t kv, int wi, int lane) const {
     // Per-lane bases of the even / odd chunk pair: key 16 wi + (lane & 7) + 8 ((lane >> 3) & 1),
     // raw chunk 2 cp + (lane >> 4); XOR-swizzle by (key >> 1) & 3 within groups of 4 chunks.
     const int key = 16 * wi + (lane & 7) + 8 * ((lane >> 3) & 1);
@@ -213,8 +271,8 @@ struct KtMainloop {
 #pragma unroll
       for (int i = 0; i < 2 * kSPairsPerBatch; ++i) {
         const int kb = 2 * b * kSPairsPerBatch + i;  // 16-dim block: Q chunk kb / 4, step kb % 4
-        W::mma_rs_n16(s, a[i], arch::wgmma_desc(q_addr + (kb >> 2) * QTile::kChunkBytes + 32 * (kb & 3), 16, 1024),
-                      kb != 0);
+        mma(s, a[i], arch::wgmma_desc(q_addr + (kb >> 2) * QTile::kChunkBytes + 32 * (kb & 3), 16, 1024),
+            kb != 0);
       }
       arch::wgmma_commit();
     }
@@ -223,8 +281,8 @@ struct KtMainloop {
   // O^T += V^T P^T for the tile at shared address kv, in 8 batches (16 keys x 256 dims, 4
   // wgmma each), one in flight while the next is built; releases the stage after its last
   // ldmatrix (no wgmma reads KV).
-  __device__ void issue_pv(float (&o)[8][8], std::uint32_t kv, int wi, int lane,
-                           const State& st) const {
+  __device__ void issue_pv(float (&o)[8][kS], std::uint32_t kv, std::uint32_t p_addr, int wi,
+                           int lane, const State& st) const {
     const Pipeline pipe{sv.bars};
     // Lane address of the transposing ldmatrix.x4: tokens 16 j + (lane & 7) + 8 ((lane >> 3)
     // & 1) of raw chunk 4 (mb + (lane >> 4)) + wi (matrices 2, 3: the next dims block),
@@ -232,7 +290,6 @@ struct KtMainloop {
     const int tok = (lane & 7) + 8 * ((lane >> 3) & 1);
     std::uint32_t base =
         kv + tok * kHeadDimQK + 64 * (lane >> 4) + ((wi ^ ((lane & 7) >> 1)) << 4);
-    std::uint32_t p_addr = smem_u32(ss.p);
     asm volatile("" : "+r"(base), "+r"(p_addr));
 #pragma unroll
     for (int b = 0; b < 8; ++b) {  // batch b: keys 16 (b >> 1) .., dims blocks mb 4 (b & 1) ..
@@ -256,42 +313,44 @@ struct KtMainloop {
       arch::wgmma_fence();
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        W::mma_rs_n16(o[mb0 + i], a[i], arch::wgmma_desc(p_addr + 32 * j, 16, 1024), true);
+        mma(o[mb0 + i], a[i], arch::wgmma_desc(p_addr + 32 * j, 16, 1024), true);
       arch::wgmma_commit();
     }
   }
 
   struct Softmax {
-    float m_run[4], l_run[4], sc[4];  // rows n(q) = 8 (q >> 1) + 2t + (q & 1)
-    int row_limit[4];
+    float m_run[kQ], l_run[kQ], sc[kQ];  // rows n(q) = 8 (q >> 1) + 2t + (q & 1)
+    int row_limit[kQ];
   };
   __device__ static int row_of(int q, int t) { return 8 * (q >> 1) + 2 * t + (q & 1); }
 
   // s[i]: key 16 wi + g + 8 ((i >> 1) & 1), row n(q), q = 2 (i >> 2) + (i & 1).
-  __device__ void softmax(float (&s)[8], int kt, bool need_mask, int wi, int g, int t, int par,
-                          Softmax& sm, float (&alpha)[4]) const {
-    float mt[4] = {neg_inf(), neg_inf(), neg_inf(), neg_inf()};
+  __device__ void softmax(float (&s)[kS], int kt, bool need_mask, int w, int wi, int g, int t,
+                          int par, Softmax& sm, float (&alpha)[kQ]) const {
+    float mt[kQ];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int q = 0; q < kQ; ++q) mt[q] = neg_inf();
+#pragma unroll
+    for (int i = 0; i < kS; ++i) {
       const int q = 2 * (i >> 2) + (i & 1), h = (i >> 1) & 1;
       s[i] *= sm.sc[q];
       if (need_mask && kt + 16 * wi + g + 8 * h >= sm.row_limit[q]) s[i] = neg_inf();
       mt[q] = fmaxf(mt[q], s[i]);
     }
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
+    for (int q = 0; q < kQ; ++q) {
       mt[q] = fmaxf(mt[q], shfl_xor(mt[q], 4));
       mt[q] = fmaxf(mt[q], shfl_xor(mt[q], 8));
       mt[q] = fmaxf(mt[q], shfl_xor(mt[q], 16));
-      if (g == 0) sv.tile_max[par][wi][row_of(q, t)] = mt[q];
+      if (g == 0) sv.tile_max[par][w][wi][row_of(q, t)] = mt[q];
     }
-    arch::named_sync(arch::NamedBarrier::tile_max, kConsumerThreads);
-    float m_use[4];
+    arch::named_sync(tile_max_bar(w), 128);
+    float m_use[kQ];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
+    for (int q = 0; q < kQ; ++q) {
       const int n = row_of(q, t);
-      float mx = fmaxf(fmaxf(sv.tile_max[par][0][n], sv.tile_max[par][1][n]),
-                       fmaxf(sv.tile_max[par][2][n], sv.tile_max[par][3][n]));
+      float mx = fmaxf(fmaxf(sv.tile_max[par][w][0][n], sv.tile_max[par][w][1][n]),
+                       fmaxf(sv.tile_max[par][w][2][n], sv.tile_max[par][w][3][n]));
       const float m_new = fmaxf(sm.m_run[q], mx);
       // A row with no visible key so far keeps m = -inf; exponentiate against 0 instead.
       m_use[q] = m_new == neg_inf() ? 0.0f : m_new;
@@ -300,19 +359,18 @@ struct KtMainloop {
       sm.l_run[q] *= alpha[q];
     }
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < kS; ++i) {
       const int q = 2 * (i >> 2) + (i & 1);
       s[i] = fast_exp2(s[i] - m_use[q]);
       sm.l_run[q] += s[i];
     }
   }
 
-  // P (f16) -> sP [16 rows x 64 keys], 128-byte swizzle: element (n, key) at n * 128 +
+  // P (f16) -> sP [kRows rows x 64 keys], 128-byte swizzle: element (n, key) at n * 128 +
   // (((key >> 3) ^ (n & 7)) << 4) + 2 (key & 7).
-  __device__ void store_p(const float (&s)[8], int wi, int g, int t) const {
-    const std::uint32_t p = smem_u32(ss.p);
+  __device__ void store_p(const float (&s)[kS], std::uint32_t p, int wi, int g, int t) const {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < kS; ++i) {
       const int q = 2 * (i >> 2) + (i & 1), h = (i >> 1) & 1;
       const int n = row_of(q, t), unit = 2 * wi + h;
       const std::uint32_t addr = p + n * 128 + ((unit ^ (n & 7)) << 4) + 2 * g;
@@ -322,88 +380,180 @@ struct KtMainloop {
     }
   }
 
-  __device__ void consume(const RequestPlan& rq, const Piece& pc, const Range& r, State& st) {
-    const int lane = lane_id(), wi = warp_id();
+  // One piece for consumer warpgroup w: tiles i with i % kWg == w (every tile advances the
+  // ring position `st`, so both warpgroups follow the producer's order).
+  __device__ void consume(const RequestPlan& rq, const Piece& pc, const Range& r, State& st,
+                          int wg) {
+    const int w = kWg == 1 ? 0 : wg;
+    const int lane = lane_id(), wi = warp_id() & 3;
     const int g = lane >> 2, t = lane & 3;
     const int L = rq.kv_len;
     const int vis_first = visible_keys(L, m.q_len, m.row0 / m.heads, m.causal);
     const int mask_from = r.kv_end < vis_first ? r.kv_end : vis_first;
     Softmax sm;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
+    for (int q = 0; q < kQ; ++q) {
       sm.m_run[q] = neg_inf();
       sm.l_run[q] = 0.0f;
       const int row = m.row0 + row_of(q, t);
       const int v = visible_keys(L, m.q_len, row / m.heads, m.causal);
       sm.row_limit[q] = v < r.kv_end ? v : r.kv_end;
     }
-    float o[8][8];
+    float o[8][kS];
 #pragma unroll
     for (int mb = 0; mb < 8; ++mb)
 #pragma unroll
-      for (int i = 0; i < 8; ++i) o[mb][i] = 0.0f;
+      for (int i = 0; i < kS; ++i) o[mb][i] = 0.0f;
 
     if (r.n_tiles > 0) {
       load_q();
       arch::named_sync(arch::NamedBarrier::consumers, kConsumerThreads);  // sQ complete
 #pragma unroll
-      for (int q = 0; q < 4; ++q) sm.sc[q] = m.p.scale_log2 * sv.q_scale[row_of(q, t)];
+      for (int q = 0; q < kQ; ++q) sm.sc[q] = m.p.scale_log2 * sv.q_scale[row_of(q, t)];
       const Pipeline pipe{sv.bars};
-      for (int i = 0; i < r.n_tiles; ++i) {
+      const std::uint32_t p_addr = smem_u32(ss.p[w]);
+      for (int i = 0; i < r.n_tiles; ++i, st.advance()) {
+        if (kWg > 1 && i % kWg != w) continue;  // the other warpgroup's tile
         const int kt = r.kv_begin + 64 * i;
         pipe.consumer_wait(st, 0);
         const std::uint32_t kv = smem_u32(ss.kv[st.stage()]);
-        float s[8];
+        float s[kS];
         issue_s(s, kv, wi, lane);
         arch::wgmma_wait<0>();
         arch::fence_operand(s);
-        float alpha[4];
-        softmax(s, kt, kt + 64 > mask_from, wi, g, t, i & 1, sm, alpha);
-        store_p(s, wi, g, t);
+        float alpha[kQ];
+        softmax(s, kt, kt + 64 > mask_from, w, wi, g, t, (i / kWg) & 1, sm, alpha);
+        store_p(s, p_addr, wi, g, t);
         arch::fence_proxy_async_smem();
 #pragma unroll
         for (int mb = 0; mb < 8; ++mb)
 #pragma unroll
-          for (int k = 0; k < 8; ++k) o[mb][k] *= alpha[2 * (k >> 2) + (k & 1)];
-        arch::named_sync(arch::NamedBarrier::tile_p, kConsumerThreads);
-        issue_pv(o, kv, wi, lane, st);
+          for (int k = 0; k < kS; ++k) o[mb][k] *= alpha[2 * (k >> 2) + (k & 1)];
+        arch::named_sync(tile_p_bar(w), 128);
+        issue_pv(o, kv, p_addr, wi, lane, st);
         arch::wgmma_wait<0>();
 #pragma unroll
         for (int mb = 0; mb < 8; ++mb) arch::fence_operand(o[mb]);
-        st.advance();
       }
     }
-    epilogue(pc, sm, o, wi, g, t);
+    if constexpr (kWg == 1) {
+      epilogue<0>(pc, sm, o, wi, g, t);
+    } else {
+      if (w == 0) {
+        if (r.n_tiles > 0) merge<0>(sm, o);
+        epilogue<0>(pc, sm, o, wi, g, t);
+      } else {
+        if (r.n_tiles > 0) merge<1>(sm, o);
+        epilogue<1>(pc, sm, o, wi, g, t);
+      }
+    }
   }
 
-  __device__ void epilogue(const Piece& pc, const Softmax& sm, const float (&o)[8][8], int wi,
+  // Two warpgroups: merges warpgroup W's state with the other's through two buffers in the Q
+  // region (float4 [warpgroup][kS / 4][128 threads] each). Thread (W, wi, lane) and its twin in
+  // the other warpgroup hold the same rows and dims; afterwards warpgroup W holds the merged
+  // O^T of dims blocks mb in [4 W, 4 W + 4) and both hold the merged m and l of their rows.
+  // Every sum is formed as (warpgroup 0's term) + (warpgroup 1's term) in both warpgroups.
+  template <int Wg>
+  __device__ void merge(Softmax& sm, float (&o)[8][kS]) const {
+    static_assert(2 * kQ <= kS, "m and l fit one accumulator's slot");
+    const int ltid = static_cast<int>(threadIdx.x) & 127;
+    float4* const buf = reinterpret_cast<float4*>(ss.q);
+    constexpr int kF4 = kS / 4;                // float4 per accumulator and thread
+    constexpr int kBuf = kWg * kF4 * 128;      // float4 per buffer
+    auto slot = [&](int buffer, int wg, int v) { return buf + buffer * kBuf + (wg * kF4 + v) * 128 + ltid; };
+    // Every consumer has retired its last tile's wgmma (nothing reads sQ any more).
+    arch::named_sync(arch::NamedBarrier::consumers, kConsumerThreads);
+    {
+      float v[kS];
+#pragma unroll
+      for (int q = 0; q < kQ; ++q) {
+        v[q] = sm.m_run[q];
+        v[kQ + q] = sm.l_run[q];
+      }
+#pragma unroll
+      for (int k = 0; k < kF4; ++k)
+        *slot(0, Wg, k) = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+    }
+    arch::named_sync(arch::NamedBarrier::consumers, kConsumerThreads);
+    float f0[kQ], f1[kQ];  // factors of warpgroup 0's and 1's terms
+    {
+      float v[kS];
+#pragma unroll
+      for (int k = 0; k < kF4; ++k) {
+        const float4 x = *slot(0, 1 - Wg, k);
+        v[4 * k] = x.x, v[4 * k + 1] = x.y, v[4 * k + 2] = x.z, v[4 * k + 3] = x.w;
+      }
+#pragma unroll
+      for (int q = 0; q < kQ; ++q) {
+        const float m0 = Wg == 0 ? sm.m_run[q] : v[q], m1 = Wg == 0 ? v[q] : sm.m_run[q];
+        const float l0 = Wg == 0 ? sm.l_run[q] : v[kQ + q], l1 = Wg == 0 ? v[kQ + q] : sm.l_run[q];
+        const float m_new = fmaxf(m0, m1);
+        const float m_use = m_new == neg_inf() ? 0.0f : m_new;
+        f0[q] = fast_exp2(m0 - m_use);
+        f1[q] = fast_exp2(m1 - m_use);
+        sm.m_run[q] = m_new;
+        sm.l_run[q] = l0 * f0[q] + l1 * f1[q];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int buffer = (k + 1) & 1;
+      constexpr int kSend = Wg == 0 ? 4 : 0, kKeep = Wg == 0 ? 0 : 4;
+#pragma unroll
+      for (int v = 0; v < kF4; ++v)
+        *slot(buffer, Wg, v) = make_float4(o[kSend + k][4 * v], o[kSend + k][4 * v + 1],
+                                           o[kSend + k][4 * v + 2], o[kSend + k][4 * v + 3]);
+      arch::named_sync(arch::NamedBarrier::consumers, kConsumerThreads);
+#pragma unroll
+      for (int v = 0; v < kF4; ++v) {
+        const float4 x = *slot(buffer, 1 - Wg, v);
+        const float other[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = 4 * v + e, q = 2 * (i >> 2) + (i & 1);
+          const float mine = o[kKeep + k][i];
+          o[kKeep + k][i] = Wg == 0 ? mine * f0[q] + other[e] * f1[q]
+                                    : other[e] * f0[q] + mine * f1[q];
+        }
+      }
+    }
+  }
+
+  // Normalises and stores the dims blocks mb in [8 Wg / kWg, 8 (Wg + 1) / kWg) of O^T (every
+  // block with one consumer warpgroup; warpgroup Wg's merged half with two); warpgroup 0
+  // writes the LSE.
+  template <int Wg>
+  __device__ void epilogue(const Piece& pc, const Softmax& sm, const float (&o)[8][kS], int wi,
                            int g, int t) const {
     const DecodeArgs& a = m.p.a;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
+    for (int q = 0; q < kQ; ++q) {
       float l = sm.l_run[q];
       l += shfl_xor(l, 4);
       l += shfl_xor(l, 8);
       l += shfl_xor(l, 16);
-      if (g == 0) sv.row_sum[wi][row_of(q, t)] = l;
+      if (g == 0) sv.row_sum[Wg][wi][row_of(q, t)] = l;
     }
     arch::named_sync(arch::NamedBarrier::consumers, kConsumerThreads);
-    float inv[4], lse[4];
+    float inv[kQ], lse[kQ];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
+    for (int q = 0; q < kQ; ++q) {
       const int n = row_of(q, t);
-      const float l = (sv.row_sum[0][n] + sv.row_sum[1][n]) + (sv.row_sum[2][n] + sv.row_sum[3][n]);
+      const float l = (sv.row_sum[Wg][0][n] + sv.row_sum[Wg][1][n]) +
+                      (sv.row_sum[Wg][2][n] + sv.row_sum[Wg][3][n]);
       inv[q] = l > 0.0f ? m.p.out_scale / l : 0.0f;
       lse[q] = lse_from_state(sm.m_run[q], l);
     }
     const bool split = pc.partial_slot >= 0;
+    constexpr int kMb0 = 8 * Wg / kWg, kMb1 = 8 * (Wg + 1) / kWg;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
+    for (int q = 0; q < kQ; ++q) {
       const int row = m.row0 + row_of(q, t);
       if (row >= m.rows) continue;
       const int tk = row / m.heads, hd = row - tk * m.heads;
 #pragma unroll
-      for (int mb = 0; mb < 8; ++mb) {
+      for (int mb = kMb0; mb < kMb1; ++mb) {
         // o[mb][4 j + 2 h + e]: dim 16 (4 mb + wi) + 2 g + h, row 8 j + 2 t + e (q = 2 j + e)
         const int i0 = 4 * (q >> 1) + (q & 1);
         const int col = 16 * (4 * mb + wi) + 2 * g;
@@ -418,7 +568,7 @@ struct KtMainloop {
           *reinterpret_cast<std::uint32_t*>(dst) = arch::pack2<Tq>(v0, v1);
         }
       }
-      if (wi == 0 && g == 0) {
+      if (Wg == 0 && wi == 0 && g == 0) {
         if (split) {
           m.p.ws.partial_lse[std::int64_t(pc.partial_slot) * m.p.ws.rows_padded + row] = lse[q];
         } else if (a.lse != nullptr) {
@@ -427,21 +577,22 @@ struct KtMainloop {
         }
       }
     }
-    // sQ and row_sum are rewritten by the next piece only after every consumer is here.
+    // sQ (the exchange buffers) and row_sum are rewritten by the next piece only after every
+    // consumer is here.
     arch::named_sync(arch::NamedBarrier::consumers, kConsumerThreads);
   }
 };
 
 // The kernel of the keys-as-M mainloop: same grid, plan and workspace as decode_kernel<Tr>
-// (planned for two CTAs per SM); 160 threads.
+// (planned for KtMainloop<Tr>::kCtasPerSm CTAs per SM).
 template <class Tr>
-__global__ void __launch_bounds__(160, arch::kKeysAsMCtasPerSm)
+__global__ void __launch_bounds__(KtMainloop<Tr>::kThreads, KtMainloop<Tr>::kCtasPerSm)
     decode_kernel_kt(const KernelArgs p) {
 #if defined(MLAKIT_WGMMA_ENABLED)
-  extern __shared__ __align__(1024) unsigned char smem[];
-  __shared__ KtStaticStorage sv;
-  KtSharedStorage& ss = *reinterpret_cast<KtSharedStorage*>(smem);
   using ML = KtMainloop<Tr>;
+  extern __shared__ __align__(1024) unsigned char smem[];
+  __shared__ typename ML::StaticStorage sv;
+  typename ML::SharedStorage& ss = *reinterpret_cast<typename ML::SharedStorage*>(smem);
   const int row_tile = static_cast<int>(blockIdx.x);
   const int cta = static_cast<int>(blockIdx.y);
   const CtaPlan cp = p.ws.ctas[cta];
@@ -449,25 +600,30 @@ __global__ void __launch_bounds__(160, arch::kKeysAsMCtasPerSm)
   DecodeMainloop<Tr> dm = DecodeMainloop<Tr>::of_tile(p, smem, row_tile);
   if (dm.row0 >= dm.rows) return;
   if (threadIdx.x == 0) {
-    constexpr int kReleasers[KtSharedStorage::kStages][1] = {{4}, {4}};
-    ML::Pipeline::init(sv.bars, kReleasers);
+    // Each use of a stage is released by the four warps of the warpgroup that consumed it.
+    int releasers[ML::SharedStorage::kStages][1];
+    for (int s = 0; s < ML::SharedStorage::kStages; ++s) releasers[s][0] = 4;
+    ML::Pipeline::init(sv.bars, releasers);
     arch::mbar_init_fence();
   }
   __syncthreads();
   ML ml{dm, ss, sv};
   typename ML::State st;
   if (threadIdx.x >= ML::kConsumerThreads) {
+    if constexpr (ML::Cfg::kProducerRegs > 0) arch::setmaxnreg_dec<ML::Cfg::kProducerRegs>();
     for (int b = cp.req_begin; b <= cp.req_end; ++b) {
       dm.b = b;
       const RequestPlan rq = p.ws.requests[b];
       ml.produce(ml.range(rq, piece_of(p.shape, rq, cta, per_cta)), st);
     }
   } else {
+    if constexpr (ML::Cfg::kConsumerRegs > 0) arch::setmaxnreg_inc<ML::Cfg::kConsumerRegs>();
+    const int w = static_cast<int>(threadIdx.x) / 128;
     for (int b = cp.req_begin; b <= cp.req_end; ++b) {
       dm.b = b;
       const RequestPlan rq = p.ws.requests[b];
       const Piece pc = piece_of(p.shape, rq, cta, per_cta);
-      ml.consume(rq, pc, ml.range(rq, pc), st);
+      ml.consume(rq, pc, ml.range(rq, pc), st, w);
     }
   }
 #else
