@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks that ptxas keeps the wgmma pipelines of the Hopper mainloops (warp-specialized 64-row,
-# keys-as-M 16-row) asynchronous, two ways:
-#  1. compiles their kernels (decode_kernel_ws for three KV paths, decode_kernel_kt for two) to
+# keys-as-M 16- and 32-row) asynchronous, two ways:
+#  1. compiles their kernels (decode_kernel_ws for three KV paths, decode_kernel_kt for two
+#     each of its 16- and 32-row policies) to
 #     sm_90a machine code and counts, in the disassembly, the HGMMA instructions and the
 #     WARPGROUP.DEPBAR waits. The sources wait 8 (ws) and 15 (kt) times per kernel
 #     (docs/design.md, "Hopper mainloops"); ptxas serialises a
@@ -56,17 +57,20 @@ CU
     verdict="SERIALISED (more than $max waits)"
     status=1
   fi
-  printf '%s<%s>: %3d HGMMA, %3d WARPGROUP.DEPBAR: %s\n' "$kernel" "$problem" "$hgmma" "$waits" \
-    "$verdict"
+  printf '%s<%s> (policy %s): %3d HGMMA, %3d WARPGROUP.DEPBAR: %s\n' "$kernel" "$problem" \
+    "$policy" "$hgmma" "$waits" "$verdict"
 }
 for problem in "bf16_t, bf16_t, 16, 8, Causal::on" "bf16_t, fp8_e4m3fn_t, 16, 8, Causal::on" \
   "fp16_t, kv_any_t"; do
   check decode_kernel_ws 2 "$max_waits" "$problem"
 done
-# The keys-as-M kernel (16-row tiles of e4m3fn KV): 68 HGMMA per tile in 17 commit groups,
-# 15 waits by design (docs/design.md); a serialised pipeline waits after every HGMMA.
+# The keys-as-M kernel (16- and 32-row tiles of e4m3fn KV): 68 HGMMA per tile in 17 commit
+# groups, 15 waits by design (docs/design.md); a serialised pipeline waits after every HGMMA.
 for problem in "bf16_t, fp8_e4m3fn_t, 16, 1, Causal::on" "fp16_t, fp8_e4m3fn_t"; do
   check decode_kernel_kt 0 15 "$problem"
+done
+for problem in "bf16_t, fp8_e4m3fn_t, 16, 2, Causal::on" "fp16_t, fp8_e4m3fn_t"; do
+  check decode_kernel_kt 1 15 "$problem"
 done
 
 printf '#include <mlakit/api/instantiate_dispatch.hpp>\n' >"$work/table.cu"
