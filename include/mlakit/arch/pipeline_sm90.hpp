@@ -151,6 +151,11 @@ enum class NamedBarrier : int {
 __device__ __forceinline__ void named_sync(NamedBarrier id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(static_cast<int>(id)), "r"(threads) : "memory");
 }
+// The same barrier for warps that reach it at different instructions (bar.sync is the aligned
+// form, which PTX requires every participating warp to execute at the same instruction).
+__device__ __forceinline__ void named_sync_unaligned(NamedBarrier id, int threads) {
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(static_cast<int>(id)), "r"(threads) : "memory");
+}
 __device__ __forceinline__ void named_arrive(NamedBarrier id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(static_cast<int>(id)), "r"(threads) : "memory");
 }

@@ -161,6 +161,14 @@ struct KtMainloop {
     else
       W::mma_rs_n32(d, a, desc_b, accumulate);
   }
+  // The consumers' barrier at the end of a piece. With two warpgroups, each runs its own copy
+  // of merge<Wg>() and epilogue<Wg>(), so they reach it at different instructions.
+  __device__ static void consumers_sync() {
+    if constexpr (kWg == 1)
+      arch::named_sync(arch::NamedBarrier::consumers, kConsumerThreads);
+    else
+      arch::named_sync_unaligned(arch::NamedBarrier::consumers, kConsumerThreads);
+  }
   __device__ static arch::NamedBarrier tile_max_bar(int w) {
     return w == 0 ? arch::NamedBarrier::tile_max : arch::NamedBarrier::tile_max_1;
   }
@@ -309,7 +317,10 @@ struct KtMainloop {
           a[2 * i + (h >> 1)][2 * (h & 1) + 1] = Atom::e4m3x2_to_f16x2(w >> 16);
         }
       }
-      if (b == 7) pipe.consumer_release(st, 0);  // every read of the stage is done
+      if (b == 7) {  // every read of the stage is done
+        __syncwarp();  // orders every lane's ldmatrix reads before lane 0's release
+        pipe.consumer_release(st, 0);
+      }
       arch::wgmma_fence();
 #pragma unroll
       for (int i = 0; i < 4; ++i)
@@ -463,7 +474,7 @@ struct KtMainloop {
     constexpr int kBuf = kWg * kF4 * 128;      // float4 per buffer
     auto slot = [&](int buffer, int wg, int v) { return buf + buffer * kBuf + (wg * kF4 + v) * 128 + ltid; };
     // Every consumer has retired its last tile's wgmma (nothing reads sQ any more).
-    arch::named_sync(arch::NamedBarrier::consumers, kConsumerThreads);
+    consumers_sync();
     {
       float v[kS];
 #pragma unroll
@@ -475,7 +486,7 @@ struct KtMainloop {
       for (int k = 0; k < kF4; ++k)
         *slot(0, Wg, k) = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
     }
-    arch::named_sync(arch::NamedBarrier::consumers, kConsumerThreads);
+    consumers_sync();
     float f0[kQ], f1[kQ];  // factors of warpgroup 0's and 1's terms
     {
       float v[kS];
@@ -504,7 +515,7 @@ struct KtMainloop {
       for (int v = 0; v < kF4; ++v)
         *slot(buffer, Wg, v) = make_float4(o[kSend + k][4 * v], o[kSend + k][4 * v + 1],
                                            o[kSend + k][4 * v + 2], o[kSend + k][4 * v + 3]);
-      arch::named_sync(arch::NamedBarrier::consumers, kConsumerThreads);
+      consumers_sync();
 #pragma unroll
       for (int v = 0; v < kF4; ++v) {
         const float4 x = *slot(buffer, 1 - Wg, v);
@@ -535,7 +546,7 @@ struct KtMainloop {
       l += shfl_xor(l, 16);
       if (g == 0) sv.row_sum[Wg][wi][row_of(q, t)] = l;
     }
-    arch::named_sync(arch::NamedBarrier::consumers, kConsumerThreads);
+    consumers_sync();
     float inv[kQ], lse[kQ];
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
@@ -579,7 +590,7 @@ struct KtMainloop {
     }
     // sQ (the exchange buffers) and row_sum are rewritten by the next piece only after every
     // consumer is here.
-    arch::named_sync(arch::NamedBarrier::consumers, kConsumerThreads);
+    consumers_sync();
   }
 };
 
