@@ -226,8 +226,8 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   using Tr = DecodeTraits<Problem, PolicyIndex>;
   Status s;
 #if defined(MLAKIT_PLATFORM_CUDA)
-  // Warpgroup policies run decode_kernel_ws, and 16-row tiles of e4m3fn KV decode_kernel_kt,
-  // where the device runs their sm_90a code.
+  // Warpgroup policies run decode_kernel_ws, and 16- and 32-row tiles of e4m3fn KV
+  // decode_kernel_kt, where the device runs their sm_90a code.
   bool warpgroup = false, keys_as_m = false;
   if constexpr (Tr::kWarpgroupPolicy) {
     if (!(s = warpgroup_usable<Tr>(dev, &warpgroup))) return s;

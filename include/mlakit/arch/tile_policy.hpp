@@ -71,7 +71,9 @@ inline constexpr TilePolicy kPolicies[] = {
 //   249 us, page 1 312 -> 282 us; two stages at two CTAs per SM measured the same as four;
 //   64-token tiles were 5% faster with page size 64 and 30% slower with page size 1).
 // rows 32: 8 warps, 64-token tiles, fp8 KV with three raw stages (108 KB), ~221 KB; e4m3fn
-//   KV: four raw 36 KB stages.
+//   KV: four raw 36 KB stages; e4m3fn KV on sm_90a from kFp8CtasMinRowTiles up: the keys-as-M
+//   mainloop (two consumer warpgroups, 384 threads, one CTA per SM; H200, 16 heads x q_len 2,
+//   batch 128: 388 -> 300 us at page 64, 395 -> 318 at page 1).
 // rows 64: sm_90a runs the warp-specialized mainloop (decode_ws_sm90.hpp: 384 threads, Q 72 KB
 //   + two 72 KB KV stages + P, 226 KB); the fallback elsewhere (sm_80) is mma.sync with 8
 //   warps and the numbers below.

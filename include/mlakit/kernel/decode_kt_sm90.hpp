@@ -1,7 +1,8 @@
 #pragma once
-// Hopper keys-as-M mainloop of the 16-row policy for e4m3fn KV (sm_90a device code only; on
-// other targets, and for other KV types, the host launches the mma.sync mainloop of
-// decode_kernel.hpp for the same policy).
+// Hopper keys-as-M mainloop of the 16- and 32-row policies for e4m3fn KV (sm_90a device code
+// only; on other targets, and for other KV types, the host launches the mma.sync mainloop of
+// decode_kernel.hpp for the same policy). Described below for 16 rows; 32 rows (N = 32,
+// KtConfig<32>) differ as said at the end of this comment.
 //
 // wgmma's M is 64, and a tile of up to 16 rows (16 heads x q_len 1) padded to 64 would waste
 // three quarters of the matrix work. Here the keys are M and the rows are N = 16:
@@ -38,6 +39,12 @@
 //   V^T: the transposing ldmatrix gives lane (g, t) byte pairs (token 2t | 2t + 1) x (dim 2g,
 //     2g + 1), so M row g of a 16-dim block is dim 2g and M row g + 8 is dim 2g + 1; the
 //     epilogue writes each row's two adjacent dims together.
+// 32 rows: wgmma m64n32k16, O^T 128 accumulator registers per thread, so one CTA per SM of 384
+//   threads: consumer warpgroups 0 and 1 take alternate tiles (tile i: warpgroup i % 2, each
+//   with its own P buffer, row-maxima slots and named barriers) and a producer warpgroup of
+//   four copying warps (2 tokens x 9 copies per thread and tile) fills four raw stages;
+//   setmaxnreg gives the consumers 232 registers. At the end of a piece the two states are
+//   merged through the Q region (merge()), and each warpgroup stores half of the dims.
 #include <cstdint>
 
 #include "../arch/convert.hpp"
