@@ -3,9 +3,9 @@
 // of a single tile or of one odd tile (the warp-specialized mainloop pads it to a pair),
 // splits that give every CTA one tile, kv_len 0 and 1, and page size 1 with the harness's
 // shuffled CSR page ids. Every row policy (16, 32 and 64 rows at 16 heads; on sm_90, 32 rows
-// with KV of the Q type run the 64-row tile, half padding, and 16 rows of e4m3fn KV the
-// keys-as-M tile from 32 requests up) and both the direct 16-bit path and the fp8 conversion
-// paths.
+// with KV of the Q type run the 64-row tile, half padding, and 16 and 32 rows of e4m3fn KV
+// the keys-as-M tiles from 32 requests x row tiles up) and both the direct 16-bit path and the
+// fp8 conversion paths.
 #include <catch2/catch.hpp>
 
 #include "gpu_harness.hpp"
