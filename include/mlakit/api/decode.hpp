@@ -37,9 +37,6 @@ inline PlanShape plan_shape_for(const DecodeArgs& a, int policy, const DeviceInf
   return s;
 }
 
-// CTAs per SM the automatic plan of `a` aims for with policy `policy`, for a kernel that keeps
-// `resident` CTAs per SM (DecodeTraits::kCtasPerSm): more than the policy's ctas_per_sm only
-// from kFp8CtasMinRowTiles requests x row tiles up, fewer whenever the kernel keeps fewer.
 // Requests x row tiles of `a` with policy `policy`: the work measure of the CTA-count and
 // kernel choices that switch at arch::kFp8CtasMinRowTiles.
 inline std::int64_t request_row_tiles(const DecodeArgs& a, int policy) {
@@ -47,6 +44,9 @@ inline std::int64_t request_row_tiles(const DecodeArgs& a, int policy) {
   return std::int64_t(a.batch) * ((a.rows() + rows - 1) / rows);
 }
 
+// CTAs per SM the automatic plan of `a` aims for with policy `policy`, for a kernel that keeps
+// `resident` CTAs per SM (DecodeTraits::kCtasPerSm): more than the policy's ctas_per_sm only
+// from kFp8CtasMinRowTiles requests x row tiles up, fewer whenever the kernel keeps fewer.
 inline int plan_ctas_per_sm(const DecodeArgs& a, int policy, int resident) {
   const arch::TilePolicy& tp = arch::kPolicies[policy];
   return resident > tp.ctas_per_sm && request_row_tiles(a, policy) < arch::kFp8CtasMinRowTiles

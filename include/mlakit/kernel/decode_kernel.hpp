@@ -115,9 +115,9 @@ struct DecodeTraits {
   // is then only its fallback on other targets.
   static constexpr bool kWarpgroupPolicy = kPolicy.mainloop == arch::Mainloop::warpgroup_ws;
   // e4m3fn KV of a policy whose fp8 mainloop is keys_as_m: decode_kernel_kt
-  // (decode_kt_sm90.hpp) on sm_90a, this kernel elsewhere.
+  // (decode_kt_sm90.hpp, which checks the policy's row count) on sm_90a, this kernel elsewhere.
   static constexpr bool kKeysAsM =
-      kFp8Operands && kPolicy.fp8_mainloop == arch::Mainloop::keys_as_m && (kRows == 16 || kRows == 32);
+      kFp8Operands && kPolicy.fp8_mainloop == arch::Mainloop::keys_as_m;
 
   __device__ static int heads(const DecodeArgs& a) {
     return Problem::kHeads > 0 ? Problem::kHeads : a.num_heads;
