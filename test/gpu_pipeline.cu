@@ -126,15 +126,19 @@ TEST_CASE("pipeline: 12 heads (row tiles that end inside a tile), non-causal", "
     }
 }
 
-// The keys-as-M tiles (sm_90: 16- and 32-row tiles of e4m3fn KV from 32 requests x row tiles
-// up; elsewhere, and below that, the mma.sync tiles): 34 requests of every ring length.
+// The keys-as-M tiles (sm_90: 16-, 32- and 64-row tiles of e4m3fn KV from 32 requests x row
+// tiles up; elsewhere, and below that, the mma.sync tiles or for 64 rows the
+// warp-specialized tile): 34 requests of every ring length.
 // 16 rows: 16 and 12 heads at q_len 1, 8 heads at q_len 2 and 5 at q_len 3 (rows of two and
 // three tokens in one tile, each with its own causal limit). 32 rows (two warpgroups on
 // alternate tiles, four stages: lengths of 0..9 tiles end on either warpgroup and wrap the
 // ring): 16 heads at q_len 2, 12 at q_len 2, 8 at q_len 4, 32 at q_len 1 and 6 at q_len 5.
+// 64 rows (the warpgroups split the dims and take pairs of tiles, an odd count padded with a
+// masked tile; three stages, so pairs start on every stage): 16 heads at q_len 4, 12 at 5
+// (60 rows), 7 at 9 (63), 64 at q_len 1, and two row tiles: 16 heads at q_len 8, 128 at 1.
 // Page size 1 with shuffled CSR ids and 64 with a block table, bf16 and fp16 Q, splits off,
 // fixed and automatic.
-TEST_CASE("pipeline: keys-as-M tiles, 16 and 32 rows of e4m3fn KV, 34 requests",
+TEST_CASE("pipeline: keys-as-M tiles, 16, 32 and 64 rows of e4m3fn KV, 34 requests",
           "[gpu][pipeline]") {
   MLAKIT_REQUIRE_GPU();
   int seed = 9400;
@@ -144,7 +148,8 @@ TEST_CASE("pipeline: keys-as-M tiles, 16 and 32 rows of e4m3fn KV, 34 requests",
     int heads, q_len;
   };
   for (Rows rw : {Rows{16, 1}, Rows{12, 1}, Rows{8, 2}, Rows{5, 3}, Rows{16, 2}, Rows{12, 2},
-                  Rows{8, 4}, Rows{32, 1}, Rows{6, 5}})
+                  Rows{8, 4}, Rows{32, 1}, Rows{6, 5}, Rows{16, 4}, Rows{12, 5}, Rows{7, 9},
+                  Rows{64, 1}, Rows{16, 8}, Rows{128, 1}})
     for (int page_size : {1, 64}) {
       Case c;
       c.q_type = (seed & 1) ? DType::fp16 : DType::bf16;

@@ -504,6 +504,38 @@ TEST_CASE("the e4m3fn 32-row plan: one CTA per SM on sm_80 (mma.sync) and sm_90 
     }
 }
 
+TEST_CASE("the e4m3fn 64-row plan: one CTA per SM for the warp-specialized and the keys-as-M kernel",
+          "[validate]") {
+  const DeviceInfo a100{0, 108, 166912, 80};
+  DecodeArgs a = valid_args();
+  a.split_mode = SplitMode::automatic;
+  const arch::TilePolicy& tp = arch::kPolicies[arch::policy_index_for_rows(64)];
+  REQUIRE(tp.mainloop == arch::Mainloop::warpgroup_ws);
+  REQUIRE(tp.fp8_mainloop == arch::Mainloop::keys_as_m);
+  for (auto [heads, q_len] : {std::pair{16, 4}, std::pair{16, 8}, std::pair{12, 5},
+                              std::pair{128, 1}, std::pair{64, 1}})
+    for (int batch : {1, 31, 32, 128}) {
+      a.num_heads = heads;
+      a.q_len = q_len;
+      a.batch = batch;
+      a.kv_type = DType::fp8_e4m3fn;
+      set_packed_strides(a);
+      INFO("heads " << heads << " q_len " << q_len << " batch " << batch);
+      const int idx = detail::policy_index(a, kH100);
+      REQUIRE(arch::kPolicies[idx].rows == 64);
+      // Both sm_90a kernels of the policy keep one CTA per SM, so the plan (and the workspace)
+      // does not depend on which one the launch picks (request_row_tiles()).
+      CHECK(arch::keys_as_m_ctas_per_sm(64) == arch::kPolicies[idx].ctas_per_sm);
+      for (const DeviceInfo& dev : {kH100, a100}) {
+        CHECK(detail::table_ctas_per_sm(a, idx, dev.arch) == 1);
+        CHECK(detail::plan_ctas_per_sm(a, idx, detail::table_ctas_per_sm(a, idx, dev.arch)) == 1);
+        const PlanShape sh = detail::plan_shape(a, idx, dev);
+        CHECK(std::size_t(detail::workspace_layout(sh, sh.row_tiles * 64).bytes) <=
+              workspace_bytes(a, dev));
+      }
+    }
+}
+
 TEST_CASE("workspace_bytes depends on batch, heads, q_len, split mode and device only",
           "[validate]") {
   std::mt19937 rng(20240611);

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Checks that ptxas keeps the wgmma pipelines of the Hopper mainloops (warp-specialized 64-row,
-# keys-as-M 16- and 32-row) asynchronous, two ways:
+# keys-as-M 16-, 32- and 64-row) asynchronous, two ways:
 #  1. compiles their kernels (decode_kernel_ws for three KV paths, decode_kernel_kt for two
-#     each of its 16- and 32-row policies) to
+#     each of its 16-, 32- and 64-row policies) to
 #     sm_90a machine code and counts, in the disassembly, the HGMMA instructions and the
-#     WARPGROUP.DEPBAR waits. The sources wait 8 (ws) and 15 (kt) times per kernel
+#     WARPGROUP.DEPBAR waits. The sources wait 8 (ws), 15 (kt, 16 and 32 rows) and 24 (kt,
+#     64 rows) times per kernel
 #     (docs/design.md, "Hopper mainloops"); ptxas serialises a
 #     pipeline it cannot prove safe by adding a wait after every HGMMA, without always printing
 #     its C7515 note, so the count is the check;
@@ -71,6 +72,10 @@ for problem in "bf16_t, fp8_e4m3fn_t, 16, 1, Causal::on" "fp16_t, fp8_e4m3fn_t";
 done
 for problem in "bf16_t, fp8_e4m3fn_t, 16, 2, Causal::on" "fp16_t, fp8_e4m3fn_t"; do
   check decode_kernel_kt 1 15 "$problem"
+done
+# 64 rows: per pair 36 S^T HGMMA in 18 groups and 2 x 16 P V HGMMA in 8 groups, 24 waits.
+for problem in "bf16_t, fp8_e4m3fn_t, 16, 8, Causal::on" "fp16_t, fp8_e4m3fn_t"; do
+  check decode_kernel_kt 2 24 "$problem"
 done
 
 printf '#include <mlakit/api/instantiate_dispatch.hpp>\n' >"$work/table.cu"

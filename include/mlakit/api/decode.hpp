@@ -229,15 +229,16 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   // Warpgroup policies run decode_kernel_ws, and 16- and 32-row tiles of e4m3fn KV
   // decode_kernel_kt, where the device runs their sm_90a code.
   bool warpgroup = false, keys_as_m = false;
-  if constexpr (Tr::kWarpgroupPolicy) {
-    if (!(s = warpgroup_usable<Tr>(dev, &warpgroup))) return s;
-  }
   if constexpr (Tr::kKeysAsM) {
     // From kFp8CtasMinRowTiles requests x row tiles up; below, the mma.sync kernel, which
-    // plans for itself (one launch fewer: H200, batch 1, kv 8192, 18.0 against 20.6 us).
+    // plans for itself (one launch fewer: H200, batch 1, kv 8192, 18.0 against 20.6 us), or
+    // for 64-row tiles the warp-specialized kernel.
     if (request_row_tiles(a, PolicyIndex) >= arch::kFp8CtasMinRowTiles &&
         !(s = keys_as_m_usable<Tr>(dev, &keys_as_m)))
       return s;
+  }
+  if constexpr (Tr::kWarpgroupPolicy) {
+    if (!keys_as_m && !(s = warpgroup_usable<Tr>(dev, &warpgroup))) return s;
   }
 #else
   constexpr bool warpgroup = false, keys_as_m = false;

@@ -82,7 +82,8 @@ inline constexpr TilePolicy kPolicies[] = {
      Mainloop::keys_as_m},
     {32, 64, 256, 2, 110592, 1, 4, Mainloop::warp_mma, IdsAhead::always, 0,
      Mainloop::keys_as_m},
-    {64, 64, 256, 2, 73728, 1, 3, Mainloop::warpgroup_ws},
+    {64, 64, 256, 2, 73728, 1, 3, Mainloop::warpgroup_ws, IdsAhead::never, 0,
+     Mainloop::keys_as_m},
 };
 #endif
 

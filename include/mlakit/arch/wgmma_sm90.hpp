@@ -35,6 +35,38 @@ __device__ __forceinline__ std::uint64_t wgmma_desc(std::uint32_t smem_addr, std
   return d;
 }
 
+// A descriptor split into its two 32-bit words, for operands addressed at constant offsets
+// from one base: at(offset) adds offset >> 4 to the low word only (shared addresses stay below
+// 2^18, so the 14-bit address field never carries into LBO), one integer add per wgmma instead
+// of building the whole descriptor again.
+struct WgmmaDescBase {
+  std::uint32_t lo, hi;
+  __device__ __forceinline__ static WgmmaDescBase make(std::uint32_t smem_addr, std::uint32_t lbo,
+                                                       std::uint32_t sbo,
+                                                       WgmmaSwizzle swizzle = WgmmaSwizzle::b128) {
+    const std::uint64_t d = wgmma_desc(smem_addr, lbo, sbo, swizzle);
+    return {static_cast<std::uint32_t>(d), static_cast<std::uint32_t>(d >> 32)};
+  }
+  __device__ __forceinline__ std::uint64_t at(std::uint32_t byte_offset) const {
+    return (std::uint64_t(hi) << 32) | (lo + (byte_offset >> 4));
+  }
+};
+
+// stmatrix .x4 .trans: lanes 8 i .. 8 i + 7 address the rows of matrix i in shared memory;
+// register i of lane (g, t) holds elements (g, 2 t) and (g, 2 t + 1) of the fragment of matrix
+// i, which land in rows 2 t and 2 t + 1 of it at column g (the transpose of the fragment).
+__device__ __forceinline__ void stsm_x4_trans(std::uint32_t addr, std::uint32_t r0,
+                                              std::uint32_t r1, std::uint32_t r2,
+                                              std::uint32_t r3) {
+#if defined(MLAKIT_WGMMA_ENABLED)
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+#else
+  (void)addr, (void)r0, (void)r1, (void)r2, (void)r3;
+#endif
+}
+
 __device__ __forceinline__ void wgmma_fence() {
 #if defined(MLAKIT_WGMMA_ENABLED)
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");

@@ -77,11 +77,24 @@ template <>
 struct KtConfig<16> {
   static constexpr int kWarpgroups = 1, kProducerWarps = 1, kStages = 2;
   static constexpr int kConsumerRegs = 0, kProducerRegs = 0;  // no hand-over
+  static constexpr bool kSplitDims = false;
 };
 template <>
 struct KtConfig<32> {
   static constexpr int kWarpgroups = 2, kProducerWarps = 4, kStages = 4;
   static constexpr int kConsumerRegs = 232, kProducerRegs = 40;
+  static constexpr bool kSplitDims = false;
+};
+// 64 rows: O^T of all 512 dims would take 256 registers per thread, so the two consumer
+// warpgroups split the dims (warpgroup w accumulates dims [256 w, 256 w + 256)) and work on
+// pairs of tiles: warpgroup w computes S^T of tile 2 j + w, both agree on the pair's row
+// maxima, and each multiplies both tiles' P by its half of V. Q (72 KB) leaves room for three
+// raw stages.
+template <>
+struct KtConfig<64> {
+  static constexpr int kWarpgroups = 2, kProducerWarps = 4, kStages = 3;
+  static constexpr int kConsumerRegs = 240, kProducerRegs = 24;
+  static constexpr bool kSplitDims = true;
 };
 
 // Dynamic shared memory of the keys-as-M mainloop (16 rows: 94 KB, two CTAs per SM; 32 rows:
@@ -107,6 +120,9 @@ struct alignas(1024) KtStaticStorage {
   float tile_max[2][C::kWarpgroups][4][Rows];  // [tile parity][warpgroup][warp][row]
   float row_sum[C::kWarpgroups][4][Rows];      // epilogue: l of each warp's keys
   float q_scale[Rows];                         // 2^-e of each Q row
+  int row_limit[C::kSplitDims ? Rows : 1];     // 64 rows: keys visible to each row (piece)
+  float m_run[2][C::kSplitDims ? Rows : 1];    // 64 rows: running max [pair parity][row]
+  int pair_max[2][C::kSplitDims ? Rows : 1];   // 64 rows: max of a pair (ordered int) [parity][row]
   typename Pipeline::Storage bars;
 };
 
@@ -131,7 +147,10 @@ struct KtMainloop {
   static constexpr int kTok = 8 / Cfg::kProducerWarps;  // tokens per producer lane and tile
   static constexpr int kQ = kRows / 4;  // rows per thread in an m64 x kRows accumulator
   static constexpr int kS = kRows / 2;  // registers per thread of an m64 x kRows accumulator
-  static_assert((kRows == 16 || kRows == 32) && Tr::kFp8Operands, "16 or 32 rows of e4m3fn KV");
+  static constexpr bool kSplitDims = Cfg::kSplitDims;
+  static constexpr int kMbOwn = kSplitDims ? 4 : 8;  // 64-dim blocks of O^T a warpgroup holds
+  static_assert((kRows == 16 || kRows == 32 || kRows == 64) && Tr::kFp8Operands,
+                "16, 32 or 64 rows of e4m3fn KV");
   static_assert(kCtasPerSm * (sizeof(SharedStorage) + sizeof(StaticStorage) + 1024) <= 233472,
                 "the CTAs fit the 228 KB of an sm_90 SM");
   static_assert(Cfg::kConsumerRegs == 0 ||
@@ -140,7 +159,7 @@ struct KtMainloop {
                 "the register split exceeds the CTA's allocation");
   // The merge of two warpgroups' states: two buffers of one m64 x kRows accumulator per thread
   // and warpgroup fit the Q region.
-  static_assert(kWg == 1 || 2 * kWg * kS * 128 * 4 <= int(sizeof(SharedStorage::q)),
+  static_assert(kWg == 1 || kSplitDims || 2 * kWg * kS * 128 * 4 <= int(sizeof(SharedStorage::q)),
                 "the exchange buffers fit the Q region");
 
   DecodeMainloop<Tr>& m;
@@ -149,7 +168,8 @@ struct KtMainloop {
 
   struct Range {
     int kv_begin, kv_end;  // tokens [kv_begin, kv_end) the piece reads (after causal clip)
-    int n_tiles;           // 64-token tiles
+    int n_tiles;           // 64-token tiles (64 rows: an even count, the last one may be
+                           // past kv_end, copied as zeros and masked)
   };
   __device__ Range range(const RequestPlan& rq, const Piece& pc) const {
     const int last_row = (m.row0 + kRows < m.rows ? m.row0 + kRows : m.rows) - 1;
@@ -158,6 +178,7 @@ struct KtMainloop {
     r.kv_begin = pc.kv_begin;
     r.kv_end = pc.kv_end < vis_last ? pc.kv_end : vis_last;
     r.n_tiles = r.kv_end > r.kv_begin ? (r.kv_end - r.kv_begin + 63) / 64 : 0;
+    if (kSplitDims) r.n_tiles += r.n_tiles & 1;  // whole pairs: no wgmma under a branch
     return r;
   }
 
@@ -165,8 +186,10 @@ struct KtMainloop {
                              bool accumulate) {
     if constexpr (kRows == 16)
       W::mma_rs_n16(d, a, desc_b, accumulate);
-    else
+    else if constexpr (kRows == 32)
       W::mma_rs_n32(d, a, desc_b, accumulate);
+    else
+      W::mma_rs_n64(d, a, desc_b, accumulate);
   }
   // The consumers' barrier at the end of a piece. With two warpgroups, each runs its own copy
   // of merge<Wg>() and epilogue<Wg>(), so they reach it at different instructions.
@@ -254,7 +277,8 @@ struct KtMainloop {
   // S^T = K Q^T for the tile at shared address kv: 18 ldmatrix.x4 of two k-steps each, issued
   // in batches of kSPairsPerBatch, one batch in flight while the next one's registers are
   // built (each batch may reuse the registers of the batch two before it).
-  static constexpr int kSPairsPerBatch = 2;  // ldmatrix.x4 (two k-steps each) per batch
+  // ldmatrix.x4 (two k-steps each) per batch; 64 rows: one (O^T and S^T take 160 registers)
+  static constexpr int kSPairsPerBatch = kRows == 64 ? 1 : 2;
   __device__ void issue_s(float (&s)[kS], std::uint32_t kv, int wi, int lane) const {
     // Per-lane bases of the even / odd chunk pair: key 16 wi + (lane & 7) + 8 ((lane >> 3) & 1),
     // raw chunk 2 cp + (lane >> 4); XOR-swizzle by (key >> 1) & 3 within groups of 4 chunks.
@@ -264,6 +288,7 @@ struct KtMainloop {
     std::uint32_t base_o = kv + key * kHeadDimQK + (((2 + hi) ^ x) << 4);
     std::uint32_t q_addr = smem_u32(ss.q);
     asm volatile("" : "+r"(base_e), "+r"(base_o), "+r"(q_addr));
+    const arch::WgmmaDescBase dq = arch::WgmmaDescBase::make(q_addr, 16, 1024);
 #pragma unroll
     for (int b = 0; b < (18 + kSPairsPerBatch - 1) / kSPairsPerBatch; ++b) {
       if (b >= 2) arch::wgmma_wait<1>();  // batch b - 2, whose registers batch b may reuse
@@ -286,30 +311,34 @@ struct KtMainloop {
 #pragma unroll
       for (int i = 0; i < 2 * kSPairsPerBatch; ++i) {
         const int kb = 2 * b * kSPairsPerBatch + i;  // 16-dim block: Q chunk kb / 4, step kb % 4
-        mma(s, a[i], arch::wgmma_desc(q_addr + (kb >> 2) * QTile::kChunkBytes + 32 * (kb & 3), 16, 1024),
-            kb != 0);
+        mma(s, a[i], dq.at((kb >> 2) * QTile::kChunkBytes + 32 * (kb & 3)), kb != 0);
       }
       arch::wgmma_commit();
     }
   }
 
-  // O^T += V^T P^T for the tile at shared address kv, in 8 batches (16 keys x 256 dims, 4
-  // wgmma each), one in flight while the next is built; releases the stage after its last
-  // ldmatrix (no wgmma reads KV).
-  __device__ void issue_pv(float (&o)[8][kS], std::uint32_t kv, std::uint32_t p_addr, int wi,
-                           int lane, const State& st) const {
+  // O^T += V^T P^T for the tile at shared address kv, in batches of 16 keys x 256 dims (4
+  // wgmma each; 8 batches for all 512 dims, 4 for the 256 dims from 64 mb_base on), one in
+  // flight while the next is built; releases the stage after its last ldmatrix (no wgmma
+  // reads KV). kChained: the previous tile's batches are still in flight (64 rows: B after A),
+  // so every batch first retires the one two before it.
+  template <bool kChained = false>
+  __device__ void issue_pv(float (&o)[kMbOwn][kS], std::uint32_t kv, std::uint32_t p_addr,
+                           int wi, int lane, const State& st, int mb_base = 0) const {
+    constexpr int kHalves = kMbOwn / 4;  // batches per 16 keys
     const Pipeline pipe{sv.bars};
     // Lane address of the transposing ldmatrix.x4: tokens 16 j + (lane & 7) + 8 ((lane >> 3)
     // & 1) of raw chunk 4 (mb + (lane >> 4)) + wi (matrices 2, 3: the next dims block),
     // swizzled by (token >> 1) & 3 = (lane & 7) >> 1.
     const int tok = (lane & 7) + 8 * ((lane >> 3) & 1);
-    std::uint32_t base =
-        kv + tok * kHeadDimQK + 64 * (lane >> 4) + ((wi ^ ((lane & 7) >> 1)) << 4);
+    std::uint32_t base = kv + tok * kHeadDimQK + 64 * (mb_base + (lane >> 4)) +
+                         ((wi ^ ((lane & 7) >> 1)) << 4);
     asm volatile("" : "+r"(base), "+r"(p_addr));
+    const arch::WgmmaDescBase dp = arch::WgmmaDescBase::make(p_addr, 16, 1024);
 #pragma unroll
-    for (int b = 0; b < 8; ++b) {  // batch b: keys 16 (b >> 1) .., dims blocks mb 4 (b & 1) ..
-      const int j = b >> 1, mb0 = 4 * (b & 1);
-      if (b >= 2) arch::wgmma_wait<1>();  // batch b - 2, whose registers batch b may reuse
+    for (int b = 0; b < 4 * kHalves; ++b) {  // batch b: keys 16 j .., dims blocks mb0 ..
+      const int j = b / kHalves, mb0 = 4 * (b % kHalves);
+      if (kChained || b >= 2) arch::wgmma_wait<1>();  // batch b - 2: batch b reuses its registers
       std::uint32_t a[4][4];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -324,14 +353,14 @@ struct KtMainloop {
           a[2 * i + (h >> 1)][2 * (h & 1) + 1] = Atom::e4m3x2_to_f16x2(w >> 16);
         }
       }
-      if (b == 7) {  // every read of the stage is done
+      if (b == 4 * kHalves - 1) {  // every read of the stage is done
         __syncwarp();  // orders every lane's ldmatrix reads before lane 0's release
         pipe.consumer_release(st, 0);
       }
       arch::wgmma_fence();
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        mma(o[mb0 + i], a[i], arch::wgmma_desc(p_addr + 32 * j, 16, 1024), true);
+        mma(o[mb0 + i], a[i], dp.at(32 * j), true);
       arch::wgmma_commit();
     }
   }
@@ -385,16 +414,22 @@ struct KtMainloop {
   }
 
   // P (f16) -> sP [kRows rows x 64 keys], 128-byte swizzle: element (n, key) at n * 128 +
-  // (((key >> 3) ^ (n & 7)) << 4) + 2 (key & 7).
-  __device__ void store_p(const float (&s)[kS], std::uint32_t p, int wi, int g, int t) const {
+  // (((key >> 3) ^ (n & 7)) << 4) + 2 (key & 7). The accumulator block (j, h) of a warp (keys
+  // 16 wi + 8 h + g, rows 8 j + 2 t + e: s[4 j + 2 h + e]) is an m8n8 fragment whose transpose
+  // is 8 rows of P x 8 keys, so stmatrix.trans stores four such blocks per instruction: lane L
+  // addresses row L & 7 of block (2 k + (L >> 4), (L >> 3) & 1).
+  __device__ void store_p(const float (&s)[kS], std::uint32_t p, int wi, int lane) const {
+    const int r = lane & 7, mi = lane >> 3;
+    const std::uint32_t base = p + (8 * (mi >> 1) + r) * 128 + (((2 * wi + (mi & 1)) ^ r) << 4);
 #pragma unroll
-    for (int i = 0; i < kS; ++i) {
-      const int q = 2 * (i >> 2) + (i & 1), h = (i >> 1) & 1;
-      const int n = row_of(q, t), unit = 2 * wi + h;
-      const std::uint32_t addr = p + n * 128 + ((unit ^ (n & 7)) << 4) + 2 * g;
-      asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr),
-                   "h"(__half_as_ushort(__float2half_rn(s[i])))
-                   : "memory");
+    for (int k = 0; k < kRows / 16; ++k) {
+      std::uint32_t v[4];
+#pragma unroll
+      for (int m4 = 0; m4 < 4; ++m4) {
+        const int i = 4 * (2 * k + (m4 >> 1)) + 2 * (m4 & 1);
+        v[m4] = arch::pack2<fp16_t>(s[i], s[i + 1]);
+      }
+      arch::stsm_x4_trans(base + 16 * 128 * k, v[0], v[1], v[2], v[3]);
     }
   }
 
@@ -402,6 +437,13 @@ struct KtMainloop {
   // ring position `st`, so both warpgroups follow the producer's order).
   __device__ void consume(const RequestPlan& rq, const Piece& pc, const Range& r, State& st,
                           int wg) {
+    if constexpr (kSplitDims)
+      consume_pairs(rq, pc, r, st, wg);
+    else
+      consume_tiles(rq, pc, r, st, wg);
+  }
+  __device__ void consume_tiles(const RequestPlan& rq, const Piece& pc, const Range& r, State& st,
+                                int wg) {
     const int w = kWg == 1 ? 0 : wg;
     const int lane = lane_id(), wi = warp_id() & 3;
     const int g = lane >> 2, t = lane & 3;
@@ -441,7 +483,7 @@ struct KtMainloop {
         arch::fence_operand(s);
         float alpha[kQ];
         softmax(s, kt, kt + 64 > mask_from, w, wi, g, t, (i / kWg) & 1, sm, alpha);
-        store_p(s, p_addr, wi, g, t);
+        store_p(s, p_addr, wi, lane);
         arch::fence_proxy_async_smem();
 #pragma unroll
         for (int mb = 0; mb < 8; ++mb)
@@ -465,6 +507,159 @@ struct KtMainloop {
         epilogue<1>(pc, sm, o, wi, g, t);
       }
     }
+  }
+
+  // ---- 64 rows: the two warpgroups split the dims and work on pairs of tiles -------------
+
+  // Floats as ints of the same order (negative values: the magnitude bits flipped), so that
+  // integer atomicMax in shared memory takes the maximum of floats.
+  __device__ static int ordered(float f) {
+    const int b = __float_as_int(f);
+    return b >= 0 ? b : b ^ 0x7FFFFFFF;
+  }
+  __device__ static float from_ordered(int b) { return __int_as_float(b >= 0 ? b : b ^ 0x7FFFFFFF); }
+
+  // The softmax of warpgroup w's tile of a pair. The row maxima of the pair's two tiles and the
+  // previous running max meet in sv.pair_max[par] (shared atomicMax of ordered ints, started
+  // at the previous max), so both warpgroups read the same new max and alpha; l stays per
+  // thread (own keys).
+  __device__ void softmax_pair(float (&s)[kS], int kt, bool need_mask, int w, int wi, int g,
+                               int t, int par, float (&l_run)[kQ],
+                               float (&o)[kMbOwn][kS]) const {
+    float mt[kQ];
+#pragma unroll
+    for (int q = 0; q < kQ; ++q) mt[q] = neg_inf();
+    {
+      const float scale = m.p.scale_log2;
+#pragma unroll
+      for (int q2 = 0; q2 < kQ / 2; ++q2) {  // rows 8 q2 + 2 t and + 1: q = 2 q2, 2 q2 + 1
+        const int n = 8 * q2 + 2 * t;
+        const float2 qs = *reinterpret_cast<const float2*>(&sv.q_scale[n]);
+        const float sc[2] = {scale * qs.x, scale * qs.y};
+        int lim[2] = {0, 0};
+        if (need_mask) {
+          const int2 l2 = *reinterpret_cast<const int2*>(&sv.row_limit[n]);
+          lim[0] = l2.x, lim[1] = l2.y;
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int i = 4 * q2 + 2 * h + e, q = 2 * q2 + e;
+            s[i] *= sc[e];
+            if (need_mask && kt + 16 * wi + g + 8 * h >= lim[e]) s[i] = neg_inf();
+            mt[q] = fmaxf(mt[q], s[i]);
+          }
+      }
+#pragma unroll
+      for (int q = 0; q < kQ; ++q) {
+        mt[q] = fmaxf(mt[q], shfl_xor(mt[q], 4));
+        mt[q] = fmaxf(mt[q], shfl_xor(mt[q], 8));
+        mt[q] = fmaxf(mt[q], shfl_xor(mt[q], 16));
+      }
+    }
+    if (g == 0) {
+#pragma unroll
+      for (int q = 0; q < kQ; ++q) atomicMax(&sv.pair_max[par][row_of(q, t)], ordered(mt[q]));
+    }
+    arch::named_sync(arch::NamedBarrier::tile_max, kConsumerThreads);
+    // The previous max is sv.m_run[par ^ 1]; the thread (w 0, warp 0, g 0) of each row writes
+    // this pair's to sv.m_run[par] and starts the next pair's sv.pair_max[par ^ 1] at it (both
+    // were last read before the previous pair's NamedBarrier::tile_p). Row by row: P =
+    // 2^(s - m), l and O^T rescaled (no per-row arrays: O^T and S^T take 160 registers).
+    const bool writer = w == 0 && wi == 0 && g == 0;
+#pragma unroll
+    for (int q = 0; q < kQ; ++q) {
+      const int n = row_of(q, t);
+      const float m_old = sv.m_run[par ^ 1][n];
+      const float m_new = from_ordered(sv.pair_max[par][n]);
+      if (writer) {
+        sv.m_run[par][n] = m_new;
+        sv.pair_max[par ^ 1][n] = ordered(m_new);
+      }
+      // A row with no visible key so far keeps m = -inf; exponentiate against 0 instead.
+      const float m_use = m_new == neg_inf() ? 0.0f : m_new;
+      const float alpha = fast_exp2(m_old - m_use);
+      // s[i] and o[mb][i] of row q: i = 4 (q >> 1) + (q & 1) + 2 h
+      const int i0 = 4 * (q >> 1) + (q & 1);
+      const float p0 = fast_exp2(s[i0] - m_use), p1 = fast_exp2(s[i0 + 2] - m_use);
+      s[i0] = p0, s[i0 + 2] = p1;
+      l_run[q] = l_run[q] * alpha + (p0 + p1);
+#pragma unroll
+      for (int mb = 0; mb < kMbOwn; ++mb) {
+        o[mb][i0] *= alpha;
+        o[mb][i0 + 2] *= alpha;
+      }
+    }
+  }
+
+  // One piece, 64 rows: pair j is tiles A = 2 j and B = 2 j + 1 (range() pads an odd count
+  // with a tile of zeros, masked). Warpgroup w: S^T of tile 2 j + w -> row maxima (NamedBarrier::tile_max, both
+  // warpgroups) -> P of its tile into sP[w], O^T *= alpha (NamedBarrier::tile_p) -> P V of A and
+  // B for its 256 dims. Every warp of both warpgroups releases each stage of the pair.
+  __device__ void consume_pairs(const RequestPlan& rq, const Piece& pc, const Range& r, State& st,
+                                int w) {
+    const int lane = lane_id(), wi = warp_id() & 3;
+    const int g = lane >> 2, t = lane & 3;
+    const int L = rq.kv_len;
+    const int vis_first = visible_keys(L, m.q_len, m.row0 / m.heads, m.causal);
+    const int mask_from = r.kv_end < vis_first ? r.kv_end : vis_first;
+    float l_run[kQ];
+#pragma unroll
+    for (int q = 0; q < kQ; ++q) l_run[q] = 0.0f;
+    float o[kMbOwn][kS];
+#pragma unroll
+    for (int mb = 0; mb < kMbOwn; ++mb)
+#pragma unroll
+      for (int i = 0; i < kS; ++i) o[mb][i] = 0.0f;
+
+    if (r.n_tiles > 0) {
+      for (int n = static_cast<int>(threadIdx.x); n < kRows; n += kConsumerThreads) {
+        const int v = visible_keys(L, m.q_len, (m.row0 + n) / m.heads, m.causal);
+        sv.row_limit[n] = v < r.kv_end ? v : r.kv_end;
+        sv.m_run[1][n] = neg_inf();  // read by pair 0
+        sv.pair_max[0][n] = ordered(neg_inf());
+      }
+      load_q();
+      arch::named_sync(arch::NamedBarrier::consumers, kConsumerThreads);  // sQ, row limits
+      const Pipeline pipe{sv.bars};
+      const std::uint32_t p0 = smem_u32(ss.p[0]), p1 = smem_u32(ss.p[1]);
+      for (int j = 0; 2 * j < r.n_tiles; ++j) {
+        State st_b = st;
+        st_b.advance();
+        const State st_own = w == 0 ? st : st_b;
+        const int kt = r.kv_begin + 64 * (2 * j + w);
+        float s[kS];
+        pipe.consumer_wait(st_own, 0);
+        issue_s(s, smem_u32(ss.kv[st_own.stage()]), wi, lane);
+        arch::wgmma_wait<0>();
+        arch::fence_operand(s);
+        softmax_pair(s, kt, kt + 64 > mask_from, w, wi, g, t, j & 1, l_run, o);
+        store_p(s, w == 0 ? p0 : p1, wi, lane);
+        arch::fence_proxy_async_smem();
+        arch::named_sync(arch::NamedBarrier::tile_p, kConsumerThreads);
+        pipe.consumer_wait(st, 0);
+        issue_pv(o, smem_u32(ss.kv[st.stage()]), p0, wi, lane, st, 4 * w);
+        pipe.consumer_wait(st_b, 0);
+        issue_pv<true>(o, smem_u32(ss.kv[st_b.stage()]), p1, wi, lane, st_b, 4 * w);
+        arch::wgmma_wait<0>();
+#pragma unroll
+        for (int mb = 0; mb < kMbOwn; ++mb) arch::fence_operand(o[mb]);
+        st.advance();
+        st.advance();
+      }
+    }
+    // The last pair's running max (written before its NamedBarrier::tile_p).
+    Softmax sm;
+#pragma unroll
+    for (int q = 0; q < kQ; ++q) {
+      sm.m_run[q] = r.n_tiles > 0 ? sv.m_run[((r.n_tiles >> 1) - 1) & 1][row_of(q, t)] : neg_inf();
+      sm.l_run[q] = l_run[q];
+    }
+    if (w == 0)
+      epilogue<0>(pc, sm, o, wi, g, t);
+    else
+      epilogue<1>(pc, sm, o, wi, g, t);
   }
 
   // Two warpgroups: merges warpgroup W's state with the other's through two buffers in the Q
@@ -542,8 +737,8 @@ struct KtMainloop {
   // block with one consumer warpgroup; warpgroup Wg's merged half with two); warpgroup 0
   // writes the LSE.
   template <int Wg>
-  __device__ void epilogue(const Piece& pc, const Softmax& sm, const float (&o)[8][kS], int wi,
-                           int g, int t) const {
+  __device__ void epilogue(const Piece& pc, const Softmax& sm, const float (&o)[kMbOwn][kS],
+                           int wi, int g, int t) const {
     const DecodeArgs& a = m.p.a;
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
@@ -558,13 +753,19 @@ struct KtMainloop {
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
       const int n = row_of(q, t);
-      const float l = (sv.row_sum[Wg][0][n] + sv.row_sum[Wg][1][n]) +
-                      (sv.row_sum[Wg][2][n] + sv.row_sum[Wg][3][n]);
+      // Split dims: each warpgroup summed the keys of its own tiles; both form the same total.
+      const float l = kSplitDims ? ((sv.row_sum[0][0][n] + sv.row_sum[0][1][n]) +
+                                    (sv.row_sum[0][2][n] + sv.row_sum[0][3][n])) +
+                                       ((sv.row_sum[1][0][n] + sv.row_sum[1][1][n]) +
+                                        (sv.row_sum[1][2][n] + sv.row_sum[1][3][n]))
+                                 : (sv.row_sum[Wg][0][n] + sv.row_sum[Wg][1][n]) +
+                                       (sv.row_sum[Wg][2][n] + sv.row_sum[Wg][3][n]);
       inv[q] = l > 0.0f ? m.p.out_scale / l : 0.0f;
       lse[q] = lse_from_state(sm.m_run[q], l);
     }
     const bool split = pc.partial_slot >= 0;
     constexpr int kMb0 = 8 * Wg / kWg, kMb1 = 8 * (Wg + 1) / kWg;
+    constexpr int kOff = kSplitDims ? kMb0 : 0;  // o[] holds blocks from kOff on
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
       const int row = m.row0 + row_of(q, t);
@@ -575,7 +776,7 @@ struct KtMainloop {
         // o[mb][4 j + 2 h + e]: dim 16 (4 mb + wi) + 2 g + h, row 8 j + 2 t + e (q = 2 j + e)
         const int i0 = 4 * (q >> 1) + (q & 1);
         const int col = 16 * (4 * mb + wi) + 2 * g;
-        const float v0 = o[mb][i0] * inv[q], v1 = o[mb][i0 + 2] * inv[q];
+        const float v0 = o[mb - kOff][i0] * inv[q], v1 = o[mb - kOff][i0 + 2] * inv[q];
         if (split) {
           float* dst = m.p.ws.partial_o +
                        (std::int64_t(pc.partial_slot) * m.p.ws.rows_padded + row) * kHeadDimV + col;
@@ -618,9 +819,10 @@ __global__ void __launch_bounds__(KtMainloop<Tr>::kThreads, KtMainloop<Tr>::kCta
   DecodeMainloop<Tr> dm = DecodeMainloop<Tr>::of_tile(p, smem, row_tile);
   if (dm.row0 >= dm.rows) return;
   if (threadIdx.x == 0) {
-    // Each use of a stage is released by the four warps of the warpgroup that consumed it.
+    // Each use of a stage is released by the four warps of the warpgroup that consumed it
+    // (64 rows: by all eight consumer warps, which all read its V).
     int releasers[ML::SharedStorage::kStages][1];
-    for (int s = 0; s < ML::SharedStorage::kStages; ++s) releasers[s][0] = 4;
+    for (int s = 0; s < ML::SharedStorage::kStages; ++s) releasers[s][0] = ML::kSplitDims ? 8 : 4;
     ML::Pipeline::init(sv.bars, releasers);
     arch::mbar_init_fence();
   }
