@@ -278,7 +278,14 @@ struct KtMainloop {
   // in batches of kSPairsPerBatch, one batch in flight while the next one's registers are
   // built (each batch may reuse the registers of the batch two before it).
   // ldmatrix.x4 (two k-steps each) per batch; 64 rows: one (O^T and S^T take 160 registers)
-  static constexpr int kSPairsPerBatch = kRows == 64 ? 1 : 2;
+#ifndef MLAKIT_KT_EXP_SPAIRS
+#define MLAKIT_KT_EXP_SPAIRS 1
+#endif
+#ifndef MLAKIT_KT_EXP_SDEPTH
+#define MLAKIT_KT_EXP_SDEPTH 2
+#endif
+  static constexpr int kSPairsPerBatch = kRows == 64 ? MLAKIT_KT_EXP_SPAIRS : 2;
+  static constexpr int kSDepth = kRows == 64 ? MLAKIT_KT_EXP_SDEPTH : 2;  // batches in flight
   __device__ void issue_s(float (&s)[kS], std::uint32_t kv, int wi, int lane) const {
     // Per-lane bases of the even / odd chunk pair: key 16 wi + (lane & 7) + 8 ((lane >> 3) & 1),
     // raw chunk 2 cp + (lane >> 4); XOR-swizzle by (key >> 1) & 3 within groups of 4 chunks.
@@ -289,15 +296,31 @@ struct KtMainloop {
     std::uint32_t q_addr = smem_u32(ss.q);
     asm volatile("" : "+r"(base_e), "+r"(base_o), "+r"(q_addr));
     const arch::WgmmaDescBase dq = arch::WgmmaDescBase::make(q_addr, 16, 1024);
+    constexpr int kBatches = (18 + kSPairsPerBatch - 1) / kSPairsPerBatch;
+    // The raw registers of the next batch are loaded before this batch is converted, so the
+    // ldmatrix latency overlaps the conversion and the wgmma issue.
+    std::uint32_t next[kSPairsPerBatch][4];
+    auto load = [&](int cp, std::uint32_t(&r)[4]) {
+      Atom::ldsm_x4(r[0], r[1], r[2], r[3], ((cp & 1) ? base_o : base_e) + 64 * (cp >> 1));
+    };
 #pragma unroll
-    for (int b = 0; b < (18 + kSPairsPerBatch - 1) / kSPairsPerBatch; ++b) {
-      if (b >= 2) arch::wgmma_wait<1>();  // batch b - 2, whose registers batch b may reuse
+    for (int i = 0; i < kSPairsPerBatch; ++i) load(i, next[i]);
+#pragma unroll
+    for (int b = 0; b < kBatches; ++b) {
+      if (b >= kSDepth) arch::wgmma_wait<kSDepth - 1>();  // batch b - kSDepth: b reuses its registers
       std::uint32_t a[2 * kSPairsPerBatch][4];
+      std::uint32_t raw[kSPairsPerBatch][4];
+#pragma unroll
+      for (int i = 0; i < kSPairsPerBatch; ++i)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) raw[i][k] = next[i][k];
+      if (b + 1 < kBatches) {
+#pragma unroll
+        for (int i = 0; i < kSPairsPerBatch; ++i) load((b + 1) * kSPairsPerBatch + i, next[i]);
+      }
 #pragma unroll
       for (int i = 0; i < kSPairsPerBatch; ++i) {
-        const int cp = b * kSPairsPerBatch + i;
-        std::uint32_t r[4];
-        Atom::ldsm_x4(r[0], r[1], r[2], r[3], ((cp & 1) ? base_o : base_e) + 64 * (cp >> 1));
+        const std::uint32_t(&r)[4] = raw[i];
         a[2 * i][0] = Atom::e4m3x2_to_f16x2(r[0] & 0xFFFFu);
         a[2 * i][1] = Atom::e4m3x2_to_f16x2(r[1] & 0xFFFFu);
         a[2 * i][2] = Atom::e4m3x2_to_f16x2(r[0] >> 16);
@@ -335,15 +358,31 @@ struct KtMainloop {
                          ((wi ^ ((lane & 7) >> 1)) << 4);
     asm volatile("" : "+r"(base), "+r"(p_addr));
     const arch::WgmmaDescBase dp = arch::WgmmaDescBase::make(p_addr, 16, 1024);
+    // The raw registers of the next batch are loaded before this batch is converted.
+    auto load = [&](int b, int i, std::uint32_t(&r)[4]) {
+      const int j = b / kHalves, mb0 = 4 * (b % kHalves);
+      Atom::ldsm_x4_trans(r[0], r[1], r[2], r[3], base + 16 * j * kHeadDimQK + 64 * (mb0 + 2 * i));
+    };
+    std::uint32_t next[2][4];
+    load(0, 0, next[0]);
+    load(0, 1, next[1]);
 #pragma unroll
     for (int b = 0; b < 4 * kHalves; ++b) {  // batch b: keys 16 j .., dims blocks mb0 ..
       const int j = b / kHalves, mb0 = 4 * (b % kHalves);
       if (kChained || b >= 2) arch::wgmma_wait<1>();  // batch b - 2: batch b reuses its registers
       std::uint32_t a[4][4];
+      std::uint32_t raw[2][4];
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) raw[i][k] = next[i][k];
+      if (b + 1 < 4 * kHalves) {
+        load(b + 1, 0, next[0]);
+        load(b + 1, 1, next[1]);
+      }
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        std::uint32_t r[4];
-        Atom::ldsm_x4_trans(r[0], r[1], r[2], r[3], base + 16 * j * kHeadDimQK + 64 * (mb0 + 2 * i));
+        const std::uint32_t(&r)[4] = raw[i];
 #pragma unroll
         for (int h = 0; h < 4; ++h) {
           // bytes (tok 2t: dim 2g, 2g+1 | tok 2t+1: dim 2g, 2g+1) -> (dim 2g: 2t, 2t+1 | dim 2g+1);
