@@ -11,12 +11,13 @@ namespace mlakit::arch {
 // (its own kernel, 384 threads) where the device runs its sm_90a code; elsewhere the policy
 // falls back to warp_mma with `threads` threads.
 // keys_as_m: the keys-as-M wgmma mainloop of decode_kt_sm90.hpp (its own kernel: 16 rows 160
-// threads and two CTAs per SM, 32 rows 384 threads and one) for e4m3fn KV where the device
-// runs its sm_90a code (TilePolicy::fp8_mainloop).
+// threads and two CTAs per SM, 32 and 64 rows 384 threads and one) for e4m3fn KV where the
+// device runs its sm_90a code (TilePolicy::fp8_mainloop).
 enum class Mainloop : int { warp_mma = 0, warpgroup_ws = 2, keys_as_m = 3 };
 
 // CTAs per SM of the keys-as-M kernel of `rows`-row tiles (16 rows: Q 18 KB, P 2 KB, two raw
-// 36 KB stages; 32 rows: Q 36 KB, two P of 4 KB, four raw stages); its plan aims for them.
+// 36 KB stages; 32 rows: Q 36 KB, two P of 4 KB, four raw stages; 64 rows: Q 72 KB, two P of
+// 8 KB, three raw stages); its plan aims for them.
 constexpr int keys_as_m_ctas_per_sm(int rows) { return rows <= 16 ? 2 : 1; }
 
 // When the e4m3fn raw path of the mma.sync mainloop loads each token's page id one tile ahead
@@ -75,8 +76,10 @@ inline constexpr TilePolicy kPolicies[] = {
 //   mainloop (two consumer warpgroups, 384 threads, one CTA per SM; H200, 16 heads x q_len 2,
 //   batch 128: 388 -> 300 us at page 64, 395 -> 318 at page 1).
 // rows 64: sm_90a runs the warp-specialized mainloop (decode_ws_sm90.hpp: 384 threads, Q 72 KB
-//   + two 72 KB KV stages + P, 226 KB); the fallback elsewhere (sm_80) is mma.sync with 8
-//   warps and the numbers below.
+//   + two 72 KB KV stages + P, 226 KB); e4m3fn KV from kFp8CtasMinRowTiles up: the keys-as-M
+//   mainloop (dims split over two consumer warpgroups, three raw stages; H200, 16 heads,
+//   batch 128: q_len 4 403 -> 390 us, q_len 8 equal at page 64, -3% at page 1); the fallback
+//   elsewhere (sm_80) is mma.sync with 8 warps and the numbers below.
 inline constexpr TilePolicy kPolicies[] = {
     {16, 32, 128, 2, 36864, 2, 2, Mainloop::warp_mma, IdsAhead::small_pages, 3,
      Mainloop::keys_as_m},

@@ -1,8 +1,8 @@
 #pragma once
-// Hopper keys-as-M mainloop of the 16- and 32-row policies for e4m3fn KV (sm_90a device code
-// only; on other targets, and for other KV types, the host launches the mma.sync mainloop of
-// decode_kernel.hpp for the same policy). Described below for 16 rows; 32 rows (N = 32,
-// KtConfig<32>) differ as said at the end of this comment.
+// Hopper keys-as-M mainloop of the 16-, 32- and 64-row policies for e4m3fn KV (sm_90a device
+// code only; on other targets, and for other KV types, the host launches the policy's other
+// mainloop). Described below for 16 rows; 32 rows (N = 32, KtConfig<32>) and 64 rows (N = 64,
+// KtConfig<64>) differ as said at the end of this comment.
 //
 // wgmma's M is 64, and a tile of up to 16 rows (16 heads x q_len 1) padded to 64 would waste
 // three quarters of the matrix work. Here the keys are M and the rows are N = 16:
@@ -45,6 +45,14 @@
 //   four copying warps (2 tokens x 9 copies per thread and tile) fills four raw stages;
 //   setmaxnreg gives the consumers 232 registers. At the end of a piece the two states are
 //   merged through the Q region (merge()), and each warpgroup stores half of the dims.
+// 64 rows: wgmma m64n64k16; the two consumer warpgroups split the dims (O^T of 256 dims, 128
+//   registers each) and take pairs of tiles: warpgroup w computes S^T of tile 2 j + w, the
+//   pair's row maxima meet in shared memory (atomicMax, NamedBarrier::tile_max), each stores
+//   its P, and after NamedBarrier::tile_p each multiplies both tiles' P by its half of V.
+//   Three raw stages (Q is 72 KB), setmaxnreg 240 / 24, an odd tile count padded with a
+//   masked tile of zeros (consume_pairs()).
+// All forms: P is stored with stmatrix.trans, and the next batch's ldmatrix is issued before
+// the current batch is converted.
 #include <cstdint>
 
 #include "../arch/convert.hpp"
