@@ -215,6 +215,29 @@ struct DecodeMainloop {
                                               : a.kv_indices + a.kv_indptr[b];
   }
   // Byte address of row `in_page` of page `page`.
+  // Epilogue addresses, used by every mainloop: row `row` (< rows) of the split piece's fp32
+  // partial output, of request b's output in the Q type, and the row's LSE (the piece's
+  // partial slot, or the caller's array when it gave one).
+  __device__ __forceinline__ float* partial_o_row(const Piece& pc, int row) const {
+    return p.ws.partial_o + (std::int64_t(pc.partial_slot) * p.ws.rows_padded + row) * kHeadDimV;
+  }
+  __device__ __forceinline__ Tq* out_row(int row) const {
+    const DecodeArgs& a = p.a;
+    const int t = row / heads, h = row - t * heads;
+    return static_cast<Tq*>(a.out) + b * a.o_stride_batch + t * a.o_stride_token +
+           h * a.o_stride_head;
+  }
+  __device__ __forceinline__ void store_lse(const Piece& pc, bool split, int row,
+                                            float lse) const {
+    const DecodeArgs& a = p.a;
+    if (split) {
+      p.ws.partial_lse[std::int64_t(pc.partial_slot) * p.ws.rows_padded + row] = lse;
+    } else if (a.lse != nullptr) {
+      const int t = row / heads, h = row - t * heads;
+      a.lse[b * a.lse_stride_batch + t * a.lse_stride_token + h * a.lse_stride_head] = lse;
+    }
+  }
+
   __device__ const unsigned char* page_row(std::int64_t page, int in_page) const {
     const DecodeArgs& a = p.a;
     return static_cast<const unsigned char*>(a.kv) +
@@ -662,7 +685,6 @@ struct DecodeMainloop {
   __device__ void epilogue(const Piece& pc, const float* m_run, const float* l_run,
                            typename Atom::Acc* o, int rg, int cg, int lane) const {
     constexpr int kSlots = Atom::kRowsPerLane;
-    const DecodeArgs& a = p.a;
     const int r0 = rg * Atom::kM;
     // Row sums: lanes of a row, then the column-group warps.
 #pragma unroll
@@ -694,17 +716,11 @@ struct DecodeMainloop {
           const float f = inv[h];
           const float v0 = o[2 * c][2 * h] * f, v1 = o[2 * c + 1][2 * h] * f;
           const float v2 = o[2 * c][2 * h + 1] * f, v3 = o[2 * c + 1][2 * h + 1] * f;
-          if (split) {
-            float* dst = p.ws.partial_o +
-                         (std::int64_t(pc.partial_slot) * p.ws.rows_padded + row) * kHeadDimV + col;
-            *reinterpret_cast<float4*>(dst) = make_float4(v0, v1, v2, v3);
-          } else {
-            const int t = row / heads, hd = row - t * heads;
-            Tq* dst = static_cast<Tq*>(a.out) + b * a.o_stride_batch + t * a.o_stride_token +
-                      hd * a.o_stride_head + col;
-            *reinterpret_cast<uint2*>(dst) =
+          if (split)
+            *reinterpret_cast<float4*>(partial_o_row(pc, row) + col) = make_float4(v0, v1, v2, v3);
+          else
+            *reinterpret_cast<uint2*>(out_row(row) + col) =
                 make_uint2(arch::pack2<Tq>(v0, v1), arch::pack2<Tq>(v2, v3));
-          }
         }
       }
     } else {
@@ -717,17 +733,14 @@ struct DecodeMainloop {
           const int col = vcol0 + n * Atom::kN + Atom::acc_col(i, lane);
           const float v0 = o[n][i] * inv[Atom::row_slot(i)];
           if (split) {
-            float* dst = p.ws.partial_o +
-                         (std::int64_t(pc.partial_slot) * p.ws.rows_padded + row) * kHeadDimV + col;
+            float* dst = partial_o_row(pc, row) + col;
             if constexpr (Atom::kAccPairStride == 2)
               *reinterpret_cast<float2*>(dst) =
                   make_float2(v0, o[n][i + 1] * inv[Atom::row_slot(i)]);
             else
               *dst = v0;
           } else {
-            const int t = row / heads, h = row - t * heads;
-            Tq* dst = static_cast<Tq*>(a.out) + b * a.o_stride_batch + t * a.o_stride_token +
-                      h * a.o_stride_head + col;
+            Tq* dst = out_row(row) + col;
             if constexpr (Atom::kAccPairStride == 2)
               *reinterpret_cast<std::uint32_t*>(dst) =
                   arch::pack2<Tq>(v0, o[n][i + 1] * inv[Atom::row_slot(i)]);
@@ -746,12 +759,7 @@ struct DecodeMainloop {
         for (int i = Atom::kAccPerLane - 1; i >= 0; --i)
           if (Atom::row_slot(i) == sl) first = i;
         if (row >= rows || Atom::acc_col(first, lane) != 0) continue;
-        if (split) {
-          p.ws.partial_lse[std::int64_t(pc.partial_slot) * p.ws.rows_padded + row] = lse[sl];
-        } else if (a.lse != nullptr) {
-          const int t = row / heads, h = row - t * heads;
-          a.lse[b * a.lse_stride_batch + t * a.lse_stride_token + h * a.lse_stride_head] = lse[sl];
-        }
+        store_lse(pc, split, row, lse[sl]);
       }
     }
   }

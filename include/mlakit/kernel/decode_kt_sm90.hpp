@@ -781,7 +781,6 @@ struct KtMainloop {
   template <int Wg>
   __device__ void epilogue(const Piece& pc, const Softmax& sm, const float (&o)[kMbOwn][kS],
                            int wi, int g, int t) const {
-    const DecodeArgs& a = m.p.a;
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
       float l = sm.l_run[q];
@@ -812,31 +811,18 @@ struct KtMainloop {
     for (int q = 0; q < kQ; ++q) {
       const int row = m.row0 + row_of(q, t);
       if (row >= m.rows) continue;
-      const int tk = row / m.heads, hd = row - tk * m.heads;
 #pragma unroll
       for (int mb = kMb0; mb < kMb1; ++mb) {
         // o[mb][4 j + 2 h + e]: dim 16 (4 mb + wi) + 2 g + h, row 8 j + 2 t + e (q = 2 j + e)
         const int i0 = 4 * (q >> 1) + (q & 1);
         const int col = 16 * (4 * mb + wi) + 2 * g;
         const float v0 = o[mb - kOff][i0] * inv[q], v1 = o[mb - kOff][i0 + 2] * inv[q];
-        if (split) {
-          float* dst = m.p.ws.partial_o +
-                       (std::int64_t(pc.partial_slot) * m.p.ws.rows_padded + row) * kHeadDimV + col;
-          *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
-        } else {
-          Tq* dst = static_cast<Tq*>(a.out) + m.b * a.o_stride_batch + tk * a.o_stride_token +
-                    hd * a.o_stride_head + col;
-          *reinterpret_cast<std::uint32_t*>(dst) = arch::pack2<Tq>(v0, v1);
-        }
+        if (split)
+          *reinterpret_cast<float2*>(m.partial_o_row(pc, row) + col) = make_float2(v0, v1);
+        else
+          *reinterpret_cast<std::uint32_t*>(m.out_row(row) + col) = arch::pack2<Tq>(v0, v1);
       }
-      if (Wg == 0 && wi == 0 && g == 0) {
-        if (split) {
-          m.p.ws.partial_lse[std::int64_t(pc.partial_slot) * m.p.ws.rows_padded + row] = lse[q];
-        } else if (a.lse != nullptr) {
-          a.lse[m.b * a.lse_stride_batch + tk * a.lse_stride_token + hd * a.lse_stride_head] =
-              lse[q];
-        }
-      }
+      if (Wg == 0 && wi == 0 && g == 0) m.store_lse(pc, split, row, lse[q]);
     }
     // sQ (the exchange buffers) and row_sum are rewritten by the next piece only after every
     // consumer is here.

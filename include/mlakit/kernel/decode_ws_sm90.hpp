@@ -811,7 +811,6 @@ struct WsMainloop {
 
   __device__ void epilogue(const Piece& pc, const Softmax& sm, const float (&o)[128], int wg,
                            int wi, int g, int t) const {
-    const DecodeArgs& a = m.p.a;
     float inv[2], lse[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -836,29 +835,17 @@ struct WsMainloop {
       if (row >= m.rows) continue;
       const int col = 256 * wg + 8 * (i >> 2) + 2 * t;
       const float v0 = o[i] * inv[h], v1 = o[i + 1] * inv[h];
-      if (split) {
-        float* dst = m.p.ws.partial_o +
-                     (std::int64_t(pc.partial_slot) * m.p.ws.rows_padded + row) * kHeadDimV + col;
-        *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
-      } else {
-        const int tk = row / m.heads, hd = row - tk * m.heads;
-        Tq* dst = static_cast<Tq*>(a.out) + m.b * a.o_stride_batch + tk * a.o_stride_token +
-                  hd * a.o_stride_head + col;
-        *reinterpret_cast<std::uint32_t*>(dst) = arch::pack2<Tq>(v0, v1);
-      }
+      if (split)
+        *reinterpret_cast<float2*>(m.partial_o_row(pc, row) + col) = make_float2(v0, v1);
+      else
+        *reinterpret_cast<std::uint32_t*>(m.out_row(row) + col) = arch::pack2<Tq>(v0, v1);
     }
     if (wg == 0 && t == 0) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = m.row0 + 16 * wi + g + 8 * h;
         if (row >= m.rows) continue;
-        if (split) {
-          m.p.ws.partial_lse[std::int64_t(pc.partial_slot) * m.p.ws.rows_padded + row] = lse[h];
-        } else if (a.lse != nullptr) {
-          const int tk = row / m.heads, hd = row - tk * m.heads;
-          a.lse[m.b * a.lse_stride_batch + tk * a.lse_stride_token + hd * a.lse_stride_head] =
-              lse[h];
-        }
+        m.store_lse(pc, split, row, lse[h]);
       }
     }
     // sQ, sP and row_sum are rewritten by the next piece only after every consumer is here.
