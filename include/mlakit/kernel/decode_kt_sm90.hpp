@@ -106,7 +106,7 @@ struct KtConfig<64> {
 };
 
 // Dynamic shared memory of the keys-as-M mainloop (16 rows: 94 KB, two CTAs per SM; 32 rows:
-// 188 KB).
+// 188 KB; 64 rows: 196 KB).
 template <int Rows>
 struct KtSharedStorage {
   static constexpr int kStages = KtConfig<Rows>::kStages;
@@ -125,7 +125,8 @@ template <int Rows>
 struct alignas(1024) KtStaticStorage {
   using C = KtConfig<Rows>;
   using Pipeline = arch::RingPipeline<C::kStages, 1, 1, 32 * C::kProducerWarps>;
-  float tile_max[2][C::kWarpgroups][4][Rows];  // [tile parity][warpgroup][warp][row]
+  float tile_max[2][C::kWarpgroups][4][Rows];  // [tile parity][warpgroup][warp][row] (64 rows:
+                                               // unused, pair_max instead)
   float row_sum[C::kWarpgroups][4][Rows];      // epilogue: l of each warp's keys
   float q_scale[Rows];                         // 2^-e of each Q row
   int row_limit[C::kSplitDims ? Rows : 1];     // 64 rows: keys visible to each row (piece)
