@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <random>
 #include <string>
@@ -480,41 +481,20 @@ TEST_CASE("the e4m3fn 16-row plan: three CTAs per SM from 32 row tiles up (mma.s
   }
 }
 
-TEST_CASE("the e4m3fn 32-row plan: one CTA per SM on sm_80 (mma.sync) and sm_90 (keys-as-M)",
-          "[validate]") {
-  const DeviceInfo a100{0, 108, 166912, 80};
-  DecodeArgs a = valid_args();
-  a.split_mode = SplitMode::automatic;
-  REQUIRE(arch::kPolicies[arch::policy_index_for_rows(32)].fp8_mainloop ==
-          arch::Mainloop::keys_as_m);
-  for (auto [heads, q_len] : {std::pair{16, 2}, std::pair{8, 4}, std::pair{12, 2}, std::pair{32, 1}})
-    for (int batch : {1, 32, 128}) {
-      a.num_heads = heads;
-      a.q_len = q_len;
-      a.batch = batch;
-      a.kv_type = DType::fp8_e4m3fn;
-      set_packed_strides(a);
-      INFO("heads " << heads << " q_len " << q_len << " batch " << batch);
-      const int idx = detail::policy_index(a, kH100);
-      REQUIRE(arch::kPolicies[idx].rows == 32);
-      CHECK(detail::table_ctas_per_sm(a, idx, kH100.arch) == 1);
-      CHECK(detail::table_ctas_per_sm(a, idx, a100.arch) == 1);
-      for (const DeviceInfo& dev : {kH100, a100})
-        CHECK(detail::plan_ctas_per_sm(a, idx, detail::table_ctas_per_sm(a, idx, dev.arch)) == 1);
-    }
-}
+namespace {
 
-TEST_CASE("the e4m3fn 64-row plan: one CTA per SM for the warp-specialized and the keys-as-M kernel",
-          "[validate]") {
+// e4m3fn requests of `rows`-row tiles (heads x q_len of `shapes`): every kernel the launch may
+// pick for them (sm_80: mma.sync; sm_90: keys-as-M, or below kFp8CtasMinRowTiles the policy's
+// own) keeps one CTA per SM, so the plan and the workspace do not depend on the choice.
+void check_one_cta_fp8_plan(int rows, std::initializer_list<std::pair<int, int>> shapes,
+                            std::initializer_list<int> batches) {
   const DeviceInfo a100{0, 108, 166912, 80};
   DecodeArgs a = valid_args();
   a.split_mode = SplitMode::automatic;
-  const arch::TilePolicy& tp = arch::kPolicies[arch::policy_index_for_rows(64)];
-  REQUIRE(tp.mainloop == arch::Mainloop::warpgroup_ws);
-  REQUIRE(tp.fp8_mainloop == arch::Mainloop::keys_as_m);
-  for (auto [heads, q_len] : {std::pair{16, 4}, std::pair{16, 8}, std::pair{12, 5},
-                              std::pair{128, 1}, std::pair{64, 1}})
-    for (int batch : {1, 31, 32, 128}) {
+  REQUIRE(arch::kPolicies[arch::policy_index_for_rows(rows)].fp8_mainloop ==
+          arch::Mainloop::keys_as_m);
+  for (auto [heads, q_len] : shapes)
+    for (int batch : batches) {
       a.num_heads = heads;
       a.q_len = q_len;
       a.batch = batch;
@@ -522,18 +502,30 @@ TEST_CASE("the e4m3fn 64-row plan: one CTA per SM for the warp-specialized and t
       set_packed_strides(a);
       INFO("heads " << heads << " q_len " << q_len << " batch " << batch);
       const int idx = detail::policy_index(a, kH100);
-      REQUIRE(arch::kPolicies[idx].rows == 64);
-      // Both sm_90a kernels of the policy keep one CTA per SM, so the plan (and the workspace)
-      // does not depend on which one the launch picks (request_row_tiles()).
-      CHECK(arch::keys_as_m_ctas_per_sm(64) == arch::kPolicies[idx].ctas_per_sm);
+      REQUIRE(arch::kPolicies[idx].rows == rows);
+      CHECK(arch::keys_as_m_ctas_per_sm(rows) == arch::kPolicies[idx].ctas_per_sm);
       for (const DeviceInfo& dev : {kH100, a100}) {
         CHECK(detail::table_ctas_per_sm(a, idx, dev.arch) == 1);
         CHECK(detail::plan_ctas_per_sm(a, idx, detail::table_ctas_per_sm(a, idx, dev.arch)) == 1);
         const PlanShape sh = detail::plan_shape(a, idx, dev);
-        CHECK(std::size_t(detail::workspace_layout(sh, sh.row_tiles * 64).bytes) <=
+        CHECK(std::size_t(detail::workspace_layout(sh, sh.row_tiles * rows).bytes) <=
               workspace_bytes(a, dev));
       }
     }
+}
+
+}  // namespace
+
+TEST_CASE("the e4m3fn 32-row plan: one CTA per SM on sm_80 (mma.sync) and sm_90 (keys-as-M)",
+          "[validate]") {
+  check_one_cta_fp8_plan(32, {{16, 2}, {8, 4}, {12, 2}, {32, 1}}, {1, 32, 128});
+}
+
+TEST_CASE("the e4m3fn 64-row plan: one CTA per SM for the warp-specialized and the keys-as-M kernel",
+          "[validate]") {
+  REQUIRE(arch::kPolicies[arch::policy_index_for_rows(64)].mainloop ==
+          arch::Mainloop::warpgroup_ws);
+  check_one_cta_fp8_plan(64, {{16, 4}, {16, 8}, {12, 5}, {128, 1}, {64, 1}}, {1, 31, 32, 128});
 }
 
 TEST_CASE("workspace_bytes depends on batch, heads, q_len, split mode and device only",

@@ -413,6 +413,12 @@ struct KtMainloop {
     int row_limit[kQ];
   };
   __device__ static int row_of(int q, int t) { return 8 * (q >> 1) + 2 * t + (q & 1); }
+  // A row's maximum over the warp's 16 keys: the eight lanes g of the row hold its keys.
+  __device__ static float warp_row_max(float v) {
+    v = fmaxf(v, shfl_xor(v, 4));
+    v = fmaxf(v, shfl_xor(v, 8));
+    return fmaxf(v, shfl_xor(v, 16));
+  }
 
   // s[i]: key 16 wi + g + 8 ((i >> 1) & 1), row n(q), q = 2 (i >> 2) + (i & 1).
   __device__ void softmax(float (&s)[kS], int kt, bool need_mask, int w, int wi, int g, int t,
@@ -429,9 +435,7 @@ struct KtMainloop {
     }
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
-      mt[q] = fmaxf(mt[q], shfl_xor(mt[q], 4));
-      mt[q] = fmaxf(mt[q], shfl_xor(mt[q], 8));
-      mt[q] = fmaxf(mt[q], shfl_xor(mt[q], 16));
+      mt[q] = warp_row_max(mt[q]);
       if (g == 0) sv.tile_max[par][w][wi][row_of(q, t)] = mt[q];
     }
     arch::named_sync(tile_max_bar(w), 128);
@@ -572,35 +576,29 @@ struct KtMainloop {
     float mt[kQ];
 #pragma unroll
     for (int q = 0; q < kQ; ++q) mt[q] = neg_inf();
-    {
-      const float scale = m.p.scale_log2;
+    const float scale = m.p.scale_log2;
 #pragma unroll
-      for (int q2 = 0; q2 < kQ / 2; ++q2) {  // rows 8 q2 + 2 t and + 1: q = 2 q2, 2 q2 + 1
-        const int n = 8 * q2 + 2 * t;
-        const float2 qs = *reinterpret_cast<const float2*>(&sv.q_scale[n]);
-        const float sc[2] = {scale * qs.x, scale * qs.y};
-        int lim[2] = {0, 0};
-        if (need_mask) {
-          const int2 l2 = *reinterpret_cast<const int2*>(&sv.row_limit[n]);
-          lim[0] = l2.x, lim[1] = l2.y;
+    for (int q2 = 0; q2 < kQ / 2; ++q2) {  // rows 8 q2 + 2 t and + 1: q = 2 q2, 2 q2 + 1
+      const int n = 8 * q2 + 2 * t;
+      const float2 qs = *reinterpret_cast<const float2*>(&sv.q_scale[n]);
+      const float sc[2] = {scale * qs.x, scale * qs.y};
+      int lim[2] = {0, 0};
+      if (need_mask) {
+        const int2 l2 = *reinterpret_cast<const int2*>(&sv.row_limit[n]);
+        lim[0] = l2.x, lim[1] = l2.y;
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int i = 4 * q2 + 2 * h + e, q = 2 * q2 + e;
+          s[i] *= sc[e];
+          if (need_mask && kt + 16 * wi + g + 8 * h >= lim[e]) s[i] = neg_inf();
+          mt[q] = fmaxf(mt[q], s[i]);
         }
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int i = 4 * q2 + 2 * h + e, q = 2 * q2 + e;
-            s[i] *= sc[e];
-            if (need_mask && kt + 16 * wi + g + 8 * h >= lim[e]) s[i] = neg_inf();
-            mt[q] = fmaxf(mt[q], s[i]);
-          }
-      }
-#pragma unroll
-      for (int q = 0; q < kQ; ++q) {
-        mt[q] = fmaxf(mt[q], shfl_xor(mt[q], 4));
-        mt[q] = fmaxf(mt[q], shfl_xor(mt[q], 8));
-        mt[q] = fmaxf(mt[q], shfl_xor(mt[q], 16));
-      }
     }
+#pragma unroll
+    for (int q = 0; q < kQ; ++q) mt[q] = warp_row_max(mt[q]);
     if (g == 0) {
 #pragma unroll
       for (int q = 0; q < kQ; ++q) atomicMax(&sv.pair_max[par][row_of(q, t)], ordered(mt[q]));
