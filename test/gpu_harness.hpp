@@ -146,6 +146,9 @@ struct Case {
   bool lse = true;
   std::uint64_t seed = 1;
   float q_magnitude = 1.0f;  // larger values make the softmax peaky
+  // Token j of a request of kv_len L is scaled by (1 + kv_ramp j / L) / (1 + kv_ramp): the
+  // largest score grows along the keys, so an online softmax's running max moves many times.
+  float kv_ramp = 0.0f;
   // Row r (token * heads + head, per request) is scaled by 2^(q_row_octaves * (r % 3 - 1)):
   // rows far outside the fp16 range (bf16 Q) next to ordinary ones.
   int q_row_octaves = 0;
@@ -272,7 +275,9 @@ inline void build(TestProblem& P, const Case& c) {
         const int tok = i * c.page_size + r;
         if (tok >= c.kv_lens[b]) break;  // the page tail stays NaN
         const std::size_t row = std::size_t(page) * c.page_size + r;
-        for (int d = 0; d < kHeadDimQK; ++d) put(row, d, uni(rng) * kv_range);
+        const float ramp =
+            (1.0f + c.kv_ramp * float(tok) / float(c.kv_lens[b])) / (1.0f + c.kv_ramp);
+        for (int d = 0; d < kHeadDimQK; ++d) put(row, d, uni(rng) * kv_range * ramp);
       }
     }
   }

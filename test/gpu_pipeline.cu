@@ -166,3 +166,39 @@ TEST_CASE("pipeline: keys-as-M tiles, 16, 32 and 64 rows of e4m3fn KV, 34 reques
       check_pipeline_case(c);
     }
 }
+
+// The online softmax keeps a row's running max while the scores' max exceeds it by at most
+// kRescaleSlack (2^8) and rescales O and l only when it moves further. Keys whose magnitude
+// grows along the sequence, with a sharp softmax, make the max move in many tiles of a piece,
+// by less and by more than the slack, while others keep it: every mainloop (16-, 32- and
+// 64-row keys-as-M tiles from 32 requests x row tiles up, the warp-specialized 64-row tile
+// and the mma.sync tiles below that, bf16 KV on the 64-row tile) against the reference.
+TEST_CASE("online softmax: running maxima that move along the keys", "[gpu][pipeline]") {
+  MLAKIT_REQUIRE_GPU();
+  int seed = 9700;
+  std::vector<int> lens = {2500, 1, 700, 64 * 13 + 5, 129, 1200, 64 * 9, 3000, 0, 450};
+  std::vector<int> many;
+  while (many.size() < 34) many.insert(many.end(), lens.begin(), lens.end());
+  many.resize(34);
+  struct Rows {
+    int heads, q_len;
+  };
+  for (Rows rw : {Rows{16, 1}, Rows{16, 2}, Rows{16, 4}, Rows{16, 8}, Rows{128, 1}})
+    for (DType kv : {DType::fp8_e4m3fn, DType::bf16})
+      for (int batch : {34, 3}) {
+        Case c;
+        c.q_type = DType::bf16;
+        c.kv_type = kv;
+        c.heads = rw.heads;
+        c.q_len = rw.q_len;
+        c.page_size = seed % 2 ? 1 : 64;
+        c.ids = c.page_size == 1 ? PageIds::csr : PageIds::block_table;
+        c.split = seed % 3 == 0 ? SplitMode::none : SplitMode::automatic;
+        c.kv_lens.assign(many.begin(), many.begin() + batch);
+        c.q_magnitude = 16.0f;  // the largest scores reach about 2^5.5 in base-2 units
+        c.kv_ramp = 7.0f;       // and the first tile's about 2^2: several moves per piece
+        c.lse_relative = true;  // LSEs of ~30: f32 scores of that size, as in gpu_decode.cu
+        c.seed = seed++;
+        check_pipeline_case(c);
+      }
+}

@@ -123,6 +123,23 @@ struct MmaAtomSm80 {
     return h;
   }
 
+  // Four e4m3fn bytes -> f16x2 of bytes 0, 1 (lo) and of bytes 2, 3 (hi). sm_89+: the 32-bit
+  // word is split into its 16-bit halves inside one asm block, so ptxas reads the high half
+  // through an operand selector instead of shifting it down first (one instruction per two
+  // values instead of three per four).
+  __device__ static void e4m3x4_to_f16x2x2(std::uint32_t four, std::uint32_t& lo,
+                                           std::uint32_t& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    asm("{\n.reg .b16 l16, h16;\nmov.b32 {l16, h16}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l16;\n"
+        "cvt.rn.f16x2.e4m3x2 %1, h16;\n}\n"
+        : "=r"(lo), "=r"(hi)
+        : "r"(four));
+#else
+    lo = e4m3x2_to_f16x2(four & 0xFFFFu);
+    hi = e4m3x2_to_f16x2(four >> 16);
+#endif
+  }
+
   // K as B of S = Q K^T: n-tile [n0, n0+8) (tokens) for the four k16 steps of raw chunks
   // chunk0..chunk0+3 (64 dims). Lane (g, t) receives token n0+g, dims 4t..4t+3 of each chunk,
   // so k step j uses the dim order {4t, 4t+1 | 4t+2, 4t+3} for k = {2t, 2t+1 | 2t+8, 2t+9}:
@@ -136,8 +153,7 @@ struct MmaAtomSm80 {
     ldsm_x4(r[0], r[1], r[2], r[3], p);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      b[j].r[0] = e4m3x2_to_f16x2(r[j] & 0xFFFFu);
-      b[j].r[1] = e4m3x2_to_f16x2(r[j] >> 16);
+      e4m3x4_to_f16x2x2(r[j], b[j].r[0], b[j].r[1]);
     }
   }
 
@@ -158,8 +174,7 @@ struct MmaAtomSm80 {
       for (int h = 0; h < 2; ++h) {  // h: tokens +0 / +8
         // bytes (tok 2t: col 2g, 2g+1 | tok 2t+1: col 2g, 2g+1) -> (2t,2t+1 of col 2g | of 2g+1)
         const std::uint32_t w = __byte_perm(r[2 * c + h], 0u, 0x3120);
-        b[2 * c].r[h] = e4m3x2_to_f16x2(w & 0xFFFFu);
-        b[2 * c + 1].r[h] = e4m3x2_to_f16x2(w >> 16);
+        e4m3x4_to_f16x2x2(w, b[2 * c].r[h], b[2 * c + 1].r[h]);
       }
     }
   }

@@ -72,8 +72,8 @@ __device__ __forceinline__ std::uint32_t f32x4_to_e4m3x4(float x0, float x1, flo
 // Four e4m3fn bytes -> floats (exact), byte 0 first.
 __device__ __forceinline__ void e4m3x4_to_f32x4(std::uint32_t w, float (&x)[4]) {
 #if defined(MLAKIT_WGMMA_ENABLED)
-  const std::uint32_t h01 = MmaAtom<fp16_t>::e4m3x2_to_f16x2(w & 0xFFFFu);
-  const std::uint32_t h23 = MmaAtom<fp16_t>::e4m3x2_to_f16x2(w >> 16);
+  std::uint32_t h01, h23;
+  MmaAtom<fp16_t>::e4m3x4_to_f16x2x2(w, h01, h23);
   const std::uint16_t h[4] = {static_cast<std::uint16_t>(h01), static_cast<std::uint16_t>(h01 >> 16),
                               static_cast<std::uint16_t>(h23), static_cast<std::uint16_t>(h23 >> 16)};
 #pragma unroll

@@ -24,6 +24,22 @@ MLAKIT_HOST_DEVICE constexpr int visible_keys(int kv_len, int q_len, int t, bool
 // IEEE -inf without <cmath> (usable in device code and constexpr contexts).
 MLAKIT_HOST_DEVICE constexpr float neg_inf() { return -__builtin_huge_valf(); }
 
+// How far (base 2) the online softmax's running max may stay below the largest score seen
+// before the state is rescaled. Keeping it saves the rescale of the output accumulators
+// (the same factor multiplies both the sum l and the output, so the result does not depend
+// on which max is used); exponentials then reach at most 2^8 = 256, well inside f16 and bf16.
+inline constexpr float kRescaleSlack = 8.0f;
+
+// The running max after a block of scores whose max is m_seen: kept while m_seen exceeds it by
+// at most kRescaleSlack, else m_seen (a row that saw no key keeps -inf until it sees one).
+MLAKIT_HOST_DEVICE constexpr float lazy_running_max(float m_run, float m_seen) {
+  return m_seen > m_run + kRescaleSlack ? m_seen : m_run;
+}
+
+// The base the exponentials of a row are taken against: its running max, 0 while the row
+// has seen no key (m = -inf).
+MLAKIT_HOST_DEVICE constexpr float exp_base(float m) { return m == neg_inf() ? 0.0f : m; }
+
 // Natural-log LSE of a finished row of the online softmax, whose state is kept in base 2:
 // m is the running max of S * scale * log2(e), l the running sum of exp2(x - m); -inf when
 // the row saw no key.

@@ -256,9 +256,11 @@ struct DecodeMainloop {
   // e4m3 operand mode: Q rows -> f16 times 2^e (e per row puts the row's largest |q| in
   // [2^14, 2^15)); store(row, block, w) receives each 16-dim block as 8 f16 pairs in dim
   // order, and the row's 2^-e goes to sQScale.
-  // `Threads` threads take part; the row factors go to scale_out (default: sQScale).
+  // `Threads` threads take part; the row factors go to scale_out (default: sQScale), each
+  // multiplied by `factor`.
   template <int Threads = Tr::kThreads, class Store>
-  __device__ void load_q_scaled(Store store, float* scale_out = nullptr) const {
+  __device__ void load_q_scaled(Store store, float* scale_out = nullptr,
+                                float factor = 1.0f) const {
     const DecodeArgs& a = p.a;
     constexpr int kTpr = Threads / Tr::kRows;  // threads per row (4 or 8, one warp)
     static_assert(kTpr >= 1 && 32 % kTpr == 0, "Q rows are split over lanes of one warp");
@@ -303,7 +305,8 @@ struct DecodeMainloop {
         scale = bits_to_float(std::uint32_t(127 + e) << 23);
       }
     }
-    if (sub == 0) (scale_out != nullptr ? scale_out[r] : sQScale(r)) = 1.0f / scale;
+    if (sub == 0)
+      (scale_out != nullptr ? scale_out[r] : sQScale(r)) = factor / scale;
     for (int blk = sub; blk < kBlocks; blk += kTpr) {
       float v[16];
       load16(blk, v);
@@ -603,14 +606,16 @@ struct DecodeMainloop {
     block_sync();
 
     float m_use[kSlots], alpha[kSlots], lsum[kSlots];
+    bool moved = false;
 #pragma unroll
     for (int sl = 0; sl < kSlots; ++sl) {
-      float m_new = m_run[sl];
+      float mx = neg_inf();
       for (int c = 0; c < Tr::kColGroups; ++c)
-        m_new = fmaxf(m_new, sMax()[c * Tr::kRows + r0 + Atom::slot_row(sl, lane)]);
-      // A row with no visible key so far keeps m = -inf; exponentiate against 0 instead.
-      m_use[sl] = m_new == neg_inf() ? 0.0f : m_new;
+        mx = fmaxf(mx, sMax()[c * Tr::kRows + r0 + Atom::slot_row(sl, lane)]);
+      const float m_new = lazy_running_max(m_run[sl], mx);
+      m_use[sl] = exp_base(m_new);
       alpha[sl] = fast_exp2(m_run[sl] - m_use[sl]);
+      moved = moved || m_new != m_run[sl];
       m_run[sl] = m_new;
       lsum[sl] = 0.0f;
     }
@@ -643,10 +648,12 @@ struct DecodeMainloop {
     }
 #pragma unroll
     for (int sl = 0; sl < kSlots; ++sl) l_run[sl] = l_run[sl] * alpha[sl] + lsum[sl];
+    if (moved) {  // else every alpha is 1
 #pragma unroll
-    for (int n = 0; n < Tr::kNTilesO; ++n)
+      for (int n = 0; n < Tr::kNTilesO; ++n)
 #pragma unroll
-      for (int i = 0; i < Atom::kAccPerLane; ++i) o[n][i] *= alpha[Atom::row_slot(i)];
+        for (int i = 0; i < Atom::kAccPerLane; ++i) o[n][i] *= alpha[Atom::row_slot(i)];
+    }
     block_sync();
 
     // O += P V over this warp's V columns (V = the first 512 columns of the KV tile).

@@ -128,10 +128,10 @@ struct alignas(1024) KtStaticStorage {
   float tile_max[2][C::kWarpgroups][4][Rows];  // [tile parity][warpgroup][warp][row] (64 rows:
                                                // unused, pair_max instead)
   float row_sum[C::kWarpgroups][4][Rows];      // epilogue: l of each warp's keys
-  float q_scale[Rows];                         // 2^-e of each Q row
+  float q_scale[Rows];                         // scale_log2 x 2^-e of each Q row 
   int row_limit[C::kSplitDims ? Rows : 1];     // 64 rows: keys visible to each row (piece)
-  float m_run[2][C::kSplitDims ? Rows : 1];    // 64 rows: running max [pair parity][row]
-  int pair_max[2][C::kSplitDims ? Rows : 1];   // 64 rows: max of a pair (ordered int) [parity][row]
+  alignas(8) float m_run[2][C::kSplitDims ? Rows : 1];  // 64 rows: running max [pair parity][row]
+  alignas(8) int pair_max[2][C::kSplitDims ? Rows : 1];  // 64 rows: max of a pair (ordered int) [parity][row]
   typename Pipeline::Storage bars;
 };
 
@@ -279,7 +279,7 @@ struct KtMainloop {
           *reinterpret_cast<uint4*>(q + QTile::unit_offset(r, 2 * blk + 1)) =
               uint4{w[1], w[3], w[5], w[7]};
         },
-        sv.q_scale);
+        sv.q_scale, m.p.scale_log2);
     arch::fence_proxy_async_smem();
   }
 
@@ -325,14 +325,10 @@ struct KtMainloop {
 #pragma unroll
       for (int i = 0; i < kSPairsPerBatch; ++i) {
         const std::uint32_t(&r)[4] = raw[i];
-        a[2 * i][0] = Atom::e4m3x2_to_f16x2(r[0] & 0xFFFFu);
-        a[2 * i][1] = Atom::e4m3x2_to_f16x2(r[1] & 0xFFFFu);
-        a[2 * i][2] = Atom::e4m3x2_to_f16x2(r[0] >> 16);
-        a[2 * i][3] = Atom::e4m3x2_to_f16x2(r[1] >> 16);
-        a[2 * i + 1][0] = Atom::e4m3x2_to_f16x2(r[2] & 0xFFFFu);
-        a[2 * i + 1][1] = Atom::e4m3x2_to_f16x2(r[3] & 0xFFFFu);
-        a[2 * i + 1][2] = Atom::e4m3x2_to_f16x2(r[2] >> 16);
-        a[2 * i + 1][3] = Atom::e4m3x2_to_f16x2(r[3] >> 16);
+        Atom::e4m3x4_to_f16x2x2(r[0], a[2 * i][0], a[2 * i][2]);
+        Atom::e4m3x4_to_f16x2x2(r[1], a[2 * i][1], a[2 * i][3]);
+        Atom::e4m3x4_to_f16x2x2(r[2], a[2 * i + 1][0], a[2 * i + 1][2]);
+        Atom::e4m3x4_to_f16x2x2(r[3], a[2 * i + 1][1], a[2 * i + 1][3]);
       }
       arch::wgmma_fence();  // the A registers were just written
 #pragma unroll
@@ -392,8 +388,8 @@ struct KtMainloop {
           // bytes (tok 2t: dim 2g, 2g+1 | tok 2t+1: dim 2g, 2g+1) -> (dim 2g: 2t, 2t+1 | dim 2g+1);
           // r[0], r[1]: tokens +0 / +8 of block mb0 + 2i, r[2], r[3]: of block mb0 + 2i + 1
           const std::uint32_t w = __byte_perm(r[h], 0u, 0x3120);
-          a[2 * i + (h >> 1)][2 * (h & 1)] = Atom::e4m3x2_to_f16x2(w & 0xFFFFu);
-          a[2 * i + (h >> 1)][2 * (h & 1) + 1] = Atom::e4m3x2_to_f16x2(w >> 16);
+          Atom::e4m3x4_to_f16x2x2(w, a[2 * i + (h >> 1)][2 * (h & 1)],
+                                  a[2 * i + (h >> 1)][2 * (h & 1) + 1]);
         }
       }
       if (b == 4 * kHalves - 1) {  // every read of the stage is done
@@ -409,7 +405,7 @@ struct KtMainloop {
   }
 
   struct Softmax {
-    float m_run[kQ], l_run[kQ], sc[kQ];  // rows n(q) = 8 (q >> 1) + 2t + (q & 1)
+    float m_run[kQ], l_run[kQ];  // rows n(q) = 8 (q >> 1) + 2t + (q & 1)
     int row_limit[kQ];
   };
   __device__ static int row_of(int q, int t) { return 8 * (q >> 1) + 2 * t + (q & 1); }
@@ -420,8 +416,10 @@ struct KtMainloop {
     return fmaxf(v, shfl_xor(v, 16));
   }
 
-  // s[i]: key 16 wi + g + 8 ((i >> 1) & 1), row n(q), q = 2 (i >> 2) + (i & 1).
-  __device__ void softmax(float (&s)[kS], int kt, bool need_mask, int w, int wi, int g, int t,
+  // s[i]: key 16 wi + g + 8 ((i >> 1) & 1), row n(q), q = 2 (i >> 2) + (i & 1). Returns
+  // whether any of the thread's rows moved its running max (alpha != 1; lazy_running_max
+  // keeps it otherwise).
+  __device__ bool softmax(float (&s)[kS], int kt, bool need_mask, int w, int wi, int g, int t,
                           int par, Softmax& sm, float (&alpha)[kQ]) const {
     float mt[kQ];
 #pragma unroll
@@ -429,7 +427,7 @@ struct KtMainloop {
 #pragma unroll
     for (int i = 0; i < kS; ++i) {
       const int q = 2 * (i >> 2) + (i & 1), h = (i >> 1) & 1;
-      s[i] *= sm.sc[q];
+      s[i] *= sv.q_scale[row_of(q, t)];
       if (need_mask && kt + 16 * wi + g + 8 * h >= sm.row_limit[q]) s[i] = neg_inf();
       mt[q] = fmaxf(mt[q], s[i]);
     }
@@ -439,25 +437,25 @@ struct KtMainloop {
       if (g == 0) sv.tile_max[par][w][wi][row_of(q, t)] = mt[q];
     }
     arch::named_sync(tile_max_bar(w), 128);
-    float m_use[kQ];
+    bool moved = false;
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
       const int n = row_of(q, t);
       float mx = fmaxf(fmaxf(sv.tile_max[par][w][0][n], sv.tile_max[par][w][1][n]),
                        fmaxf(sv.tile_max[par][w][2][n], sv.tile_max[par][w][3][n]));
-      const float m_new = fmaxf(sm.m_run[q], mx);
-      // A row with no visible key so far keeps m = -inf; exponentiate against 0 instead.
-      m_use[q] = m_new == neg_inf() ? 0.0f : m_new;
-      alpha[q] = fast_exp2(sm.m_run[q] - m_use[q]);
+      const float m_new = lazy_running_max(sm.m_run[q], mx);
+      moved = moved || m_new != sm.m_run[q];
+      alpha[q] = fast_exp2(sm.m_run[q] - exp_base(m_new));
       sm.m_run[q] = m_new;
       sm.l_run[q] *= alpha[q];
     }
 #pragma unroll
     for (int i = 0; i < kS; ++i) {
       const int q = 2 * (i >> 2) + (i & 1);
-      s[i] = fast_exp2(s[i] - m_use[q]);
+      s[i] = fast_exp2(s[i] - exp_base(sm.m_run[q]));
       sm.l_run[q] += s[i];
     }
+    return moved;
   }
 
   // P (f16) -> sP [kRows rows x 64 keys], 128-byte swizzle: element (n, key) at n * 128 +
@@ -515,8 +513,6 @@ struct KtMainloop {
     if (r.n_tiles > 0) {
       load_q();
       arch::named_sync(arch::NamedBarrier::consumers, kConsumerThreads);  // sQ complete
-#pragma unroll
-      for (int q = 0; q < kQ; ++q) sm.sc[q] = m.p.scale_log2 * sv.q_scale[row_of(q, t)];
       const Pipeline pipe{sv.bars};
       const std::uint32_t p_addr = smem_u32(ss.p[w]);
       for (int i = 0; i < r.n_tiles; ++i, st.advance()) {
@@ -529,13 +525,17 @@ struct KtMainloop {
         arch::wgmma_wait<0>();
         arch::fence_operand(s);
         float alpha[kQ];
-        softmax(s, kt, kt + 64 > mask_from, w, wi, g, t, (i / kWg) & 1, sm, alpha);
+        const bool moved = softmax(s, kt, kt + 64 > mask_from, w, wi, g, t, (i / kWg) & 1, sm, alpha);
         store_p(s, p_addr, wi, lane);
         arch::fence_proxy_async_smem();
+        // alpha is 1 unless the max moved. 32 rows rescale every tile: with the branch around
+        // the 128 accumulators ptxas spilled inside the tile loop (16 local loads per tile).
+        if (kRows == 32 || moved) {
 #pragma unroll
-        for (int mb = 0; mb < 8; ++mb)
+          for (int mb = 0; mb < 8; ++mb)
 #pragma unroll
-          for (int k = 0; k < kS; ++k) o[mb][k] *= alpha[2 * (k >> 2) + (k & 1)];
+            for (int k = 0; k < kS; ++k) o[mb][k] *= alpha[2 * (k >> 2) + (k & 1)];
+        }
         arch::named_sync(tile_p_bar(w), 128);
         issue_pv(o, kv, p_addr, wi, lane, st);
         arch::wgmma_wait<0>();
@@ -568,20 +568,18 @@ struct KtMainloop {
 
   // The softmax of warpgroup w's tile of a pair. The row maxima of the pair's two tiles and the
   // previous running max meet in sv.pair_max[par] (shared atomicMax of ordered ints, started
-  // at the previous max), so both warpgroups read the same new max and alpha; l stays per
-  // thread (own keys).
+  // at the previous max), so both warpgroups read the same maximum and take the same running
+  // max from it (lazy_running_max); l stays per thread (own keys).
   __device__ void softmax_pair(float (&s)[kS], int kt, bool need_mask, int w, int wi, int g,
                                int t, int par, float (&l_run)[kQ],
                                float (&o)[kMbOwn][kS]) const {
     float mt[kQ];
 #pragma unroll
     for (int q = 0; q < kQ; ++q) mt[q] = neg_inf();
-    const float scale = m.p.scale_log2;
 #pragma unroll
     for (int q2 = 0; q2 < kQ / 2; ++q2) {  // rows 8 q2 + 2 t and + 1: q = 2 q2, 2 q2 + 1
       const int n = 8 * q2 + 2 * t;
-      const float2 qs = *reinterpret_cast<const float2*>(&sv.q_scale[n]);
-      const float sc[2] = {scale * qs.x, scale * qs.y};
+      const float2 sc = *reinterpret_cast<const float2*>(&sv.q_scale[n]);
       int lim[2] = {0, 0};
       if (need_mask) {
         const int2 l2 = *reinterpret_cast<const int2*>(&sv.row_limit[n]);
@@ -592,7 +590,7 @@ struct KtMainloop {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int i = 4 * q2 + 2 * h + e, q = 2 * q2 + e;
-          s[i] *= sc[e];
+          s[i] *= e == 0 ? sc.x : sc.y;
           if (need_mask && kt + 16 * wi + g + 8 * h >= lim[e]) s[i] = neg_inf();
           mt[q] = fmaxf(mt[q], s[i]);
         }
@@ -604,32 +602,64 @@ struct KtMainloop {
       for (int q = 0; q < kQ; ++q) atomicMax(&sv.pair_max[par][row_of(q, t)], ordered(mt[q]));
     }
     arch::named_sync(arch::NamedBarrier::tile_max, kConsumerThreads);
-    // The previous max is sv.m_run[par ^ 1]; the thread (w 0, warp 0, g 0) of each row writes
-    // this pair's to sv.m_run[par] and starts the next pair's sv.pair_max[par ^ 1] at it (both
-    // were last read before the previous pair's NamedBarrier::tile_p). Row by row: P =
-    // 2^(s - m), l and O^T rescaled (no per-row arrays: O^T and S^T take 160 registers).
-    const bool writer = w == 0 && wi == 0 && g == 0;
+    // The previous max is sv.m_run[par ^ 1]; this pair's is lazy_running_max of it and the
+    // pair's max. The threads (w 0, warp 0, g 0) write it to sv.m_run[par] and start the next
+    // pair's sv.pair_max[par ^ 1] at it (both were last read before the previous pair's
+    // NamedBarrier::tile_p), after every thread's loads of this pair (stores in between would
+    // order each row's loads after the previous row's stores). Row by row: P = 2^(s - m) and l
+    // (no per-row arrays: O^T and S^T take 160 registers); O^T only when a row's max moved, in
+    // a second pass that reads the same shared values again. Rows n, n + 1 load as pairs.
+    auto maxima = [&](int n, float2& m_old, float2& m_new) {
+      m_old = *reinterpret_cast<const float2*>(&sv.m_run[par ^ 1][n]);
+      const int2 pm = *reinterpret_cast<const int2*>(&sv.pair_max[par][n]);
+      m_new.x = lazy_running_max(m_old.x, from_ordered(pm.x));
+      m_new.y = lazy_running_max(m_old.y, from_ordered(pm.y));
+    };
+    bool moved = false;
 #pragma unroll
-    for (int q = 0; q < kQ; ++q) {
-      const int n = row_of(q, t);
-      const float m_old = sv.m_run[par ^ 1][n];
-      const float m_new = from_ordered(sv.pair_max[par][n]);
-      if (writer) {
-        sv.m_run[par][n] = m_new;
-        sv.pair_max[par ^ 1][n] = ordered(m_new);
+    for (int q2 = 0; q2 < kQ / 2; ++q2) {
+      float2 m_old, m_new;
+      maxima(8 * q2 + 2 * t, m_old, m_new);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int q = 2 * q2 + e;
+        const float mo = e == 0 ? m_old.x : m_old.y, mn = e == 0 ? m_new.x : m_new.y;
+        const float m_use = exp_base(mn);
+        // s[i] and o[mb][i] of row q: i = 4 (q >> 1) + (q & 1) + 2 h
+        const int i0 = 4 * q2 + e;
+        const float p0 = fast_exp2(s[i0] - m_use), p1 = fast_exp2(s[i0 + 2] - m_use);
+        s[i0] = p0, s[i0 + 2] = p1;
+        if (mn != mo) {
+          moved = true;
+          l_run[q] *= fast_exp2(mo - m_use);
+        }
+        l_run[q] += p0 + p1;
       }
-      // A row with no visible key so far keeps m = -inf; exponentiate against 0 instead.
-      const float m_use = m_new == neg_inf() ? 0.0f : m_new;
-      const float alpha = fast_exp2(m_old - m_use);
-      // s[i] and o[mb][i] of row q: i = 4 (q >> 1) + (q & 1) + 2 h
-      const int i0 = 4 * (q >> 1) + (q & 1);
-      const float p0 = fast_exp2(s[i0] - m_use), p1 = fast_exp2(s[i0 + 2] - m_use);
-      s[i0] = p0, s[i0 + 2] = p1;
-      l_run[q] = l_run[q] * alpha + (p0 + p1);
+    }
+    if (w == 0 && wi == 0 && g == 0) {
 #pragma unroll
-      for (int mb = 0; mb < kMbOwn; ++mb) {
-        o[mb][i0] *= alpha;
-        o[mb][i0 + 2] *= alpha;
+      for (int q2 = 0; q2 < kQ / 2; ++q2) {
+        const int n = 8 * q2 + 2 * t;
+        float2 m_old, m_new;
+        maxima(n, m_old, m_new);
+        *reinterpret_cast<float2*>(&sv.m_run[par][n]) = m_new;
+        *reinterpret_cast<int2*>(&sv.pair_max[par ^ 1][n]) = make_int2(ordered(m_new.x), ordered(m_new.y));
+      }
+    }
+    if (moved) {
+#pragma unroll
+      for (int q2 = 0; q2 < kQ / 2; ++q2) {
+        float2 m_old, m_new;
+        maxima(8 * q2 + 2 * t, m_old, m_new);
+        const float alpha[2] = {fast_exp2(m_old.x - exp_base(m_new.x)),
+                                fast_exp2(m_old.y - exp_base(m_new.y))};
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+#pragma unroll
+          for (int mb = 0; mb < kMbOwn; ++mb) {
+            o[mb][4 * q2 + e] *= alpha[e];
+            o[mb][4 * q2 + e + 2] *= alpha[e];
+          }
       }
     }
   }

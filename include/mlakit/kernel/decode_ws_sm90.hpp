@@ -346,8 +346,7 @@ struct WsMainloop {
         std::uint32_t o[8];
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          o[2 * k] = arch::MmaAtom<T>::e4m3x2_to_f16x2(w[k] & 0xFFFFu);
-          o[2 * k + 1] = arch::MmaAtom<T>::e4m3x2_to_f16x2(w[k] >> 16);
+          arch::MmaAtom<T>::e4m3x4_to_f16x2x2(w[k], o[2 * k], o[2 * k + 1]);
         }
         lo = uint4{o[0], o[1], o[2], o[3]};
         hi = uint4{o[4], o[5], o[6], o[7]};
@@ -548,16 +547,17 @@ struct WsMainloop {
   }
 
   // Online softmax of one tile's scores. s[i]: row slot h = (i >> 1) & 1 (rows g, g + 8 of
-  // the warp's 16), key 8 (i >> 2) + 2t + (i & 1). The new running max is the larger of
-  // m_floor (>= m_run: this warpgroup's running max, or the one the other warpgroup just
-  // published) and the tile's max. Returns alpha = exp2(m_run - new max), which rescales the
-  // earlier O and l, scales (and masks) s in place and writes P (compute type) to pf: pf[k]
+  // the warp's 16), key 8 (i >> 2) + 2t + (i & 1). The new running max is
+  // lazy_running_max(m_floor, tile max), m_floor (>= m_run) being this warpgroup's running max
+  // or the one the other warpgroup just published. Sets alpha = exp2(m_run - new max), which
+  // rescales the earlier O and l, and returns whether it is not 1 for some row of the thread
+  // (the max moved); scales (and masks) s in place and writes P (compute type) to pf: pf[k]
   // holds keys of s[2k], s[2k + 1], which is the wgmma A fragment of k-step k / 4.
   struct Softmax {
     float m_run[2], l_run[2], sc[2];
     int row_limit[2];
   };
-  __device__ static void softmax(float (&s)[32], int kt, bool need_mask, int t, Softmax& sm,
+  __device__ static bool softmax(float (&s)[32], int kt, bool need_mask, int t, Softmax& sm,
                                  const float (&m_floor)[2], float (&alpha)[2],
                                  std::uint32_t (&pf)[16]) {
     float mt[2] = {neg_inf(), neg_inf()};
@@ -572,14 +572,15 @@ struct WsMainloop {
       mt[h] = fmaxf(mt[h], s[i]);
     }
     float m_use[2], lsum[2] = {0.0f, 0.0f};
+    bool moved = false;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       mt[h] = fmaxf(mt[h], shfl_xor(mt[h], 1));
       mt[h] = fmaxf(mt[h], shfl_xor(mt[h], 2));
-      const float m_new = fmaxf(m_floor[h], mt[h]);
-      // A row with no visible key so far keeps m = -inf; exponentiate against 0 instead.
-      m_use[h] = m_new == neg_inf() ? 0.0f : m_new;
+      const float m_new = lazy_running_max(m_floor[h], mt[h]);
+      m_use[h] = exp_base(m_new);
       alpha[h] = fast_exp2(sm.m_run[h] - m_use[h]);
+      moved = moved || m_new != sm.m_run[h];
       sm.m_run[h] = m_new;
     }
 #pragma unroll
@@ -591,17 +592,21 @@ struct WsMainloop {
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) sm.l_run[h] = sm.l_run[h] * alpha[h] + lsum[h];
+    return moved;
   }
 
-  // Rescales to the running max published by the other warpgroup (m_other >= m_run).
-  __device__ static void adopt_max(Softmax& sm, const float (&m_other)[2], float (&f)[2]) {
+  // Rescales to the running max published by the other warpgroup (m_other >= m_run); returns
+  // whether it differs from m_run for some row of the thread (f != 1).
+  __device__ static bool adopt_max(Softmax& sm, const float (&m_other)[2], float (&f)[2]) {
+    bool moved = false;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float m_use = m_other[h] == neg_inf() ? 0.0f : m_other[h];
-      f[h] = fast_exp2(sm.m_run[h] - m_use);
+      f[h] = fast_exp2(sm.m_run[h] - exp_base(m_other[h]));
       sm.l_run[h] *= f[h];
+      moved = moved || m_other[h] != sm.m_run[h];
       sm.m_run[h] = m_other[h];
     }
+    return moved;
   }
 
   __device__ static void scale_o(float (&o)[128], const float (&f)[2]) {
@@ -653,10 +658,10 @@ struct WsMainloop {
       st.advance();
       const int kt_a = r.kv_begin + 128 * pair;
       const float m_floor[2] = {sm.m_run[0], sm.m_run[1]};
-      softmax(s, kt_a, kt_a + 64 > mask_from, t, sm, m_floor, f, pf);
+      const bool moved_a = softmax(s, kt_a, kt_a + 64 > mask_from, t, sm, m_floor, f, pf);
       publish_max(2 * (pair & 1), wi, g, t, sm);
       arch::named_arrive(arch::NamedBarrier::max_a, kConsumerThreads);
-      scale_o(o, f);
+      if (moved_a) scale_o(o, f);
       issue_pv_regs(o, pf, smem_u32(ss.kv[st_a.stage()]), 0);
       arch::wgmma_wait<0>();
       arch::fence_operand(o);  // (s is dead here: fencing it would keep 32 registers live)
@@ -665,20 +670,22 @@ struct WsMainloop {
       arch::named_sync(arch::NamedBarrier::max_b, kConsumerThreads);
       float mb[2];
       read_max(2 * (pair & 1) + 1, wi, g, mb);
-      adopt_max(sm, mb, f);
+      const bool moved_b = adopt_max(sm, mb, f);
       // P_A rescaled to the pair's max: warpgroup 1 adds it to an O that is relative to it.
       // (From the packed P: keeping P in fp32 across the P V would hold 32 more registers.)
+      if (moved_b) {
 #pragma unroll
-      for (int k = 0; k < 16; ++k) {
-        float lo, hi;
-        arch::unpack2<T>(pf[k], lo, hi);
-        pf[k] = arch::pack2<T>(lo * f[k & 1], hi * f[k & 1]);
+        for (int k = 0; k < 16; ++k) {
+          float lo, hi;
+          arch::unpack2<T>(pf[k], lo, hi);
+          pf[k] = arch::pack2<T>(lo * f[k & 1], hi * f[k & 1]);
+        }
       }
       // Warpgroup 1's P V reading the previous sP_A completed before it published max_b.
       store_p(pf, sp_a(), wi, g, t);
       arch::fence_proxy_async_smem();
       arch::named_arrive(arch::NamedBarrier::p_a, kConsumerThreads);
-      scale_o(o, f);
+      if (moved_b) scale_o(o, f);
       arch::named_sync(arch::NamedBarrier::pb_issued, kConsumerThreads);
       arch::fence_proxy_async_smem();  // B-lo was waited for by warpgroup 1
       issue_pv_smem(o, sp_b(), smem_u32(ss.kv[st_b.stage()]), 0);
@@ -723,13 +730,13 @@ struct WsMainloop {
       arch::named_sync(arch::NamedBarrier::max_a, kConsumerThreads);
       float ma[2];
       read_max(2 * (pair & 1), wi, g, ma);
-      softmax(s, kt_b, kt_b + 64 > mask_from, t, sm, ma, f, pf);
+      const bool moved = softmax(s, kt_b, kt_b + 64 > mask_from, t, sm, ma, f, pf);
       publish_max(2 * (pair & 1) + 1, wi, g, t, sm);
       arch::named_arrive(arch::NamedBarrier::max_b, kConsumerThreads);
       // Warpgroup 0's P V reading the previous sP_B completed before it published max_a.
       store_p(pf, sp_b(), wi, g, t);
       arch::fence_proxy_async_smem();
-      scale_o(o, f);
+      if (moved) scale_o(o, f);
       issue_pv_regs(o, pf, smem_u32(ss.kv[st_b.stage()]), 1);
       arch::named_sync(arch::NamedBarrier::p_a, kConsumerThreads);
       arch::fence_proxy_async_smem();  // A-hi was waited for by warpgroup 0
