@@ -128,10 +128,12 @@ struct alignas(1024) KtStaticStorage {
   float tile_max[2][C::kWarpgroups][4][Rows];  // [tile parity][warpgroup][warp][row] (64 rows:
                                                // unused, pair_max instead)
   float row_sum[C::kWarpgroups][4][Rows];      // epilogue: l of each warp's keys
-  float q_scale[Rows];                         // scale_log2 x 2^-e of each Q row 
+  float q_scale[Rows];                         // scale_log2 x 2^-e of each Q row
   int row_limit[C::kSplitDims ? Rows : 1];     // 64 rows: keys visible to each row (piece)
-  alignas(8) float m_run[2][C::kSplitDims ? Rows : 1];  // 64 rows: running max [pair parity][row]
-  alignas(8) int pair_max[2][C::kSplitDims ? Rows : 1];  // 64 rows: max of a pair (ordered int) [parity][row]
+  // 64 rows (read as row pairs): running max [pair parity][row]; max of a pair (ordered int)
+  // [parity][row]
+  alignas(8) float m_run[2][C::kSplitDims ? Rows : 1];
+  alignas(8) int pair_max[2][C::kSplitDims ? Rows : 1];
   typename Pipeline::Storage bars;
 };
 
@@ -525,7 +527,8 @@ struct KtMainloop {
         arch::wgmma_wait<0>();
         arch::fence_operand(s);
         float alpha[kQ];
-        const bool moved = softmax(s, kt, kt + 64 > mask_from, w, wi, g, t, (i / kWg) & 1, sm, alpha);
+        const bool moved =
+            softmax(s, kt, kt + 64 > mask_from, w, wi, g, t, (i / kWg) & 1, sm, alpha);
         store_p(s, p_addr, wi, lane);
         arch::fence_proxy_async_smem();
         // alpha is 1 unless the max moved. 32 rows rescale every tile: with the branch around
@@ -643,7 +646,8 @@ struct KtMainloop {
         float2 m_old, m_new;
         maxima(n, m_old, m_new);
         *reinterpret_cast<float2*>(&sv.m_run[par][n]) = m_new;
-        *reinterpret_cast<int2*>(&sv.pair_max[par ^ 1][n]) = make_int2(ordered(m_new.x), ordered(m_new.y));
+        *reinterpret_cast<int2*>(&sv.pair_max[par ^ 1][n]) =
+            make_int2(ordered(m_new.x), ordered(m_new.y));
       }
     }
     if (moved) {
