@@ -214,7 +214,6 @@ struct DecodeMainloop {
     return a.page_ids == PageIds::block_table ? a.block_table + b * a.block_table_stride
                                               : a.kv_indices + a.kv_indptr[b];
   }
-  // Byte address of row `in_page` of page `page`.
   // Epilogue addresses, used by every mainloop: row `row` (< rows) of the split piece's fp32
   // partial output, of request b's output in the Q type, and the row's LSE (the piece's
   // partial slot, or the caller's array when it gave one).
@@ -238,6 +237,7 @@ struct DecodeMainloop {
     }
   }
 
+  // Byte address of row `in_page` of page `page`.
   __device__ const unsigned char* page_row(std::int64_t page, int in_page) const {
     const DecodeArgs& a = p.a;
     return static_cast<const unsigned char*>(a.kv) +

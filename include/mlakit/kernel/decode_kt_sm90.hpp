@@ -777,7 +777,7 @@ struct KtMainloop {
         const float m0 = Wg == 0 ? sm.m_run[q] : v[q], m1 = Wg == 0 ? v[q] : sm.m_run[q];
         const float l0 = Wg == 0 ? sm.l_run[q] : v[kQ + q], l1 = Wg == 0 ? v[kQ + q] : sm.l_run[q];
         const float m_new = fmaxf(m0, m1);
-        const float m_use = m_new == neg_inf() ? 0.0f : m_new;
+        const float m_use = exp_base(m_new);
         f0[q] = fast_exp2(m0 - m_use);
         f1[q] = fast_exp2(m1 - m_use);
         sm.m_run[q] = m_new;
