@@ -454,6 +454,8 @@ int main(int argc, char** argv) {
     for (int q : {1, 8}) shapes.push_back({16, q, kv, 1, 8192, 64});
   shapes.push_back({16, 1, DType::fp8_e4m3fn, 1, 131072, 64});
   shapes.push_back({16, 8, DType::fp8_e4m3fn, 1, 32768, 64});
+  // Batch 32 at q_len 8 (a verify step of a mid-size serving batch).
+  for (DType kv : {DType::fp8_e4m3fn, DType::bf16}) shapes.push_back({16, 8, kv, 32, 8192, 64});
   if (!quick) {
     for (int h : {12, 32, 64, 128})
       for (int q : {1, 2, 4, 8, 16})

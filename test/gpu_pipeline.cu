@@ -3,8 +3,9 @@
 // of a single tile or of one odd tile (the warp-specialized mainloop pads it to a pair),
 // splits that give every CTA one tile, kv_len 0 and 1, and page size 1 with the harness's
 // shuffled CSR page ids. Every row policy (16, 32 and 64 rows at 16 heads; on sm_90, 32 rows
-// with KV of the Q type run the 64-row tile, half padding, and 16 and 32 rows of e4m3fn KV
-// the keys-as-M tiles from 32 requests x row tiles up) and both the direct 16-bit path and the
+// with KV of the Q type run the 64-row tile, half padding, 16 rows too from 32 requests up,
+// and 16 and 32 rows of e4m3fn KV the keys-as-M tiles from 32 requests x row tiles up) and
+// both the direct 16-bit path and the
 // fp8 conversion paths.
 #include <catch2/catch.hpp>
 
@@ -35,8 +36,8 @@ void check_pipeline_case(const Case& c) {
 // Lengths around the 64-token tiles of a two-stage ring: inside tile 0, its end, tile 1
 // (stage 1), the first reuse of stage 0 (tile 2), a middle tile, an odd and an even count of
 // tiles, plus 0 and 1.
-const std::vector<int> kRingLengths = {0, 1, 7, 63, 64, 65, 127, 128, 129, 191, 192, 193, 255,
-                                       256, 257, 64 * 7 + 17, 64 * 8};
+const std::vector<int> kRingLengths = {0,   1,   7,   63,  64,  65,  127,         128,   129,
+                                       191, 192, 193, 255, 256, 257, 64 * 7 + 17, 64 * 8};
 
 }  // namespace
 
@@ -163,6 +164,39 @@ TEST_CASE("pipeline: keys-as-M tiles, 16, 32 and 64 rows of e4m3fn KV, 34 reques
       c.num_splits = c.split == SplitMode::fixed ? 5 : 0;
       c.kv_lens = lens;
       c.seed = seed++;
+      check_pipeline_case(c);
+    }
+}
+
+// 1..16 rows whose KV is of the Q type (sm_90: the warp-specialized 64-row tile from
+// arch::kWsMinRequests16 requests up, 48 to 63 of its 64 rows padding; elsewhere, and below
+// that, the 16-row mma.sync tile): 34 requests of every ring length. 16 and 12 heads at q_len 1,
+// 8 at q_len 2, 5 at q_len 3 (rows of several tokens, each with its own causal limit), one
+// head at q_len 1 and 3 at q_len 5; page size 1 with shuffled CSR ids and 64 with a block
+// table, bf16 and fp16, splits off, fixed and automatic.
+TEST_CASE("pipeline: 1..16 rows of KV of the Q type, 34 requests", "[gpu][pipeline]") {
+  MLAKIT_REQUIRE_GPU();
+  int seed = 9600;
+  std::vector<int> lens = kRingLengths;
+  lens.insert(lens.end(), kRingLengths.rbegin(), kRingLengths.rend());
+  struct Rows {
+    int heads, q_len;
+  };
+  for (Rows rw : {Rows{16, 1}, Rows{12, 1}, Rows{8, 2}, Rows{5, 3}, Rows{1, 1}, Rows{3, 5}})
+    for (int page_size : {1, 64}) {
+      Case c;
+      c.q_type = (seed & 1) ? DType::fp16 : DType::bf16;
+      c.kv_type = c.q_type;
+      c.heads = rw.heads;
+      c.q_len = rw.q_len;
+      c.page_size = page_size;
+      c.ids = page_size == 1 ? PageIds::csr : PageIds::block_table;
+      c.split = seed % 3 == 0 ? SplitMode::none
+                              : (seed % 3 == 1 ? SplitMode::fixed : SplitMode::automatic);
+      c.num_splits = c.split == SplitMode::fixed ? 5 : 0;
+      c.kv_lens = lens;
+      c.seed = seed++;
+      REQUIRE(int(c.kv_lens.size()) >= arch::kWsMinRequests16);
       check_pipeline_case(c);
     }
 }

@@ -4,8 +4,8 @@
 // Status (never abort); workspace_bytes() does not depend on kv_len or other per-step data.
 // validate() never dereferences a pointer, so dummy aligned host buffers stand in for device
 // memory.
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -408,15 +408,21 @@ TEST_CASE("policy choice: rows, KV type and device", "[validate]") {
   for (int rows = 1; rows <= 4096; ++rows) {
     for (bool direct : {false, true}) {
       for (int device_arch : {80, 90, 942}) {
-        const int by_rows = arch::policy_index_for_rows(rows);
-        const int i = policy_index_for(rows, direct, device_arch);
-        INFO("rows " << rows << " direct " << direct << " arch " << device_arch);
-        REQUIRE(i >= 0);
-        REQUIRE(i < kNumPolicies);
-        CHECK(kPolicies[i].rows >= std::min(rows, kPolicies[kNumPolicies - 1].rows));
-        const bool promoted = direct && device_arch == 90 && kPolicies[by_rows].rows == 32 &&
-                              kPolicies[kNumPolicies - 1].mainloop == arch::Mainloop::warpgroup_ws;
-        CHECK(i == (promoted ? kNumPolicies - 1 : by_rows));
+        for (int batch : {1, arch::kWsMinRequests16 - 1, arch::kWsMinRequests16, 65535}) {
+          const int by_rows = arch::policy_index_for_rows(rows);
+          const int i = policy_index_for(rows, direct, device_arch, batch);
+          INFO("rows " << rows << " direct " << direct << " arch " << device_arch << " batch "
+                       << batch);
+          REQUIRE(i >= 0);
+          REQUIRE(i < kNumPolicies);
+          CHECK(kPolicies[i].rows >= std::min(rows, kPolicies[kNumPolicies - 1].rows));
+          const bool small = kPolicies[by_rows].rows == 32 ||
+                             (kPolicies[by_rows].rows == 16 && batch >= arch::kWsMinRequests16);
+          const bool promoted =
+              direct && device_arch == 90 && small &&
+              kPolicies[kNumPolicies - 1].mainloop == arch::Mainloop::warpgroup_ws;
+          CHECK(i == (promoted ? kNumPolicies - 1 : by_rows));
+        }
       }
     }
   }
@@ -443,8 +449,10 @@ TEST_CASE("policy choice: rows, KV type and device", "[validate]") {
   }
 }
 
-TEST_CASE("the e4m3fn 16-row plan: three CTAs per SM from 32 row tiles up (mma.sync), two on sm_90 (keys-as-M)",
-          "[validate]") {
+TEST_CASE(
+    "the e4m3fn 16-row plan: three CTAs per SM from 32 row tiles up (mma.sync), two on sm_90 "
+    "(keys-as-M)",
+    "[validate]") {
   const DeviceInfo a100{0, 108, 166912, 80};
   DecodeArgs a = valid_args();
   a.num_heads = 16;
@@ -456,9 +464,19 @@ TEST_CASE("the e4m3fn 16-row plan: three CTAs per SM from 32 row tiles up (mma.s
     for (int batch : {1, 31, 32, 128}) {
       a.kv_type = kv;
       a.batch = batch;
-      const int idx = detail::policy_index(a, kH100);
+      const int idx = detail::policy_index(a, a100);
       REQUIRE(arch::kPolicies[idx].rows == 16);
-      REQUIRE(detail::policy_index(a, a100) == idx);
+      // sm_90: KV of the Q type takes the warp-specialized 64-row tile from kWsMinRequests16
+      // requests up; its plan fits the same workspace.
+      if (kv == a.q_type && batch >= arch::kWsMinRequests16) {
+        const int ws_idx = detail::policy_index(a, kH100);
+        CHECK(arch::kPolicies[ws_idx].rows == 64);
+        const PlanShape sws = detail::plan_shape(a, ws_idx, kH100);
+        CHECK(sws.row_tiles == 1);
+        CHECK(std::size_t(detail::workspace_layout(sws, 64).bytes) <= workspace_bytes(a, kH100));
+      } else {
+        CHECK(detail::policy_index(a, kH100) == idx);
+      }
       const bool e4m3 = kv == DType::fp8_e4m3fn;
       const bool three = e4m3 && batch >= arch::kFp8CtasMinRowTiles;
       // sm_80: the mma.sync kernel's e4m3fn path keeps three CTAs per SM.
@@ -521,8 +539,9 @@ TEST_CASE("the e4m3fn 32-row plan: one CTA per SM on sm_80 (mma.sync) and sm_90 
   check_one_cta_fp8_plan(32, {{16, 2}, {8, 4}, {12, 2}, {32, 1}}, {1, 32, 128});
 }
 
-TEST_CASE("the e4m3fn 64-row plan: one CTA per SM for the warp-specialized and the keys-as-M kernel",
-          "[validate]") {
+TEST_CASE(
+    "the e4m3fn 64-row plan: one CTA per SM for the warp-specialized and the keys-as-M kernel",
+    "[validate]") {
   REQUIRE(arch::kPolicies[arch::policy_index_for_rows(64)].mainloop ==
           arch::Mainloop::warpgroup_ws);
   check_one_cta_fp8_plan(64, {{16, 4}, {16, 8}, {12, 5}, {128, 1}, {64, 1}}, {1, 31, 32, 128});

@@ -75,7 +75,7 @@ inline PlanShape plan_shape(const DecodeArgs& a, int policy, const DeviceInfo& d
 
 // The policy decode() launches for `a` on `dev`.
 inline int policy_index(const DecodeArgs& a, const DeviceInfo& dev) {
-  return arch::policy_index_for(a.rows(), a.kv_type == a.q_type, dev.arch);
+  return arch::policy_index_for(a.rows(), a.kv_type == a.q_type, dev.arch, a.batch);
 }
 inline int policy_rows(const DecodeArgs& a, const DeviceInfo& dev) {
   return arch::kPolicies[policy_index(a, dev)].rows;
@@ -109,10 +109,10 @@ inline Status workspace_bytes(const DecodeArgs& a, const DeviceInfo& dev, std::s
   if (!s || a.batch == 0) return s;
   // The larger of the two policies these rows can get (KV of the Q type or not), so that the
   // size does not depend on the dtypes.
-  const std::int64_t direct =
-      detail::policy_workspace_bytes(a, arch::policy_index_for(a.rows(), true, dev.arch), dev);
-  const std::int64_t converted =
-      detail::policy_workspace_bytes(a, arch::policy_index_for(a.rows(), false, dev.arch), dev);
+  const std::int64_t direct = detail::policy_workspace_bytes(
+      a, arch::policy_index_for(a.rows(), true, dev.arch, a.batch), dev);
+  const std::int64_t converted = detail::policy_workspace_bytes(
+      a, arch::policy_index_for(a.rows(), false, dev.arch, a.batch), dev);
   *bytes = static_cast<std::size_t>(direct > converted ? direct : converted);
   return Status::ok();
 }
@@ -202,10 +202,9 @@ inline Status warpgroup_usable(const DeviceInfo& dev, bool* usable) {
 // decode_kernel_kt<Tr> (16- and 32-row tiles of e4m3fn KV) runs its mainloop on `dev`.
 template <class Tr>
 inline Status keys_as_m_usable(const DeviceInfo& dev, bool* usable) {
-  return sm90a_kernel_usable<KtTag<Tr>>(decode_kernel_kt<Tr>,
-                                        sizeof(typename KtMainloop<Tr>::StaticStorage),
-                                        sizeof(typename KtMainloop<Tr>::SharedStorage), dev, usable,
-                                        true);
+  return sm90a_kernel_usable<KtTag<Tr>>(
+      decode_kernel_kt<Tr>, sizeof(typename KtMainloop<Tr>::StaticStorage),
+      sizeof(typename KtMainloop<Tr>::SharedStorage), dev, usable, true);
 }
 #endif
 
@@ -261,8 +260,8 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   const bool self_plan_fits =
       !Tr::kWarpgroupPolicy &&
       Tr::kSmemBytes + kSelfPlanBytes + kSelfPlanStaticSlack <= dev.max_smem_optin;
-  const bool self_plan = !warpgroup && !keys_as_m && self_plan_fits && shape.mode == SplitMode::automatic &&
-                         shape.batch <= kSelfPlanMaxBatch;
+  const bool self_plan = !warpgroup && !keys_as_m && self_plan_fits &&
+                         shape.mode == SplitMode::automatic && shape.batch <= kSelfPlanMaxBatch;
   const int smem_bytes = Tr::kSmemBytes + (self_plan ? kSelfPlanBytes : 0);
   // The mma.sync kernel. A policy whose e4m3fn path loads page ids a tile ahead for small
   // pages only has a second kernel (same shared memory, grid and plan) for them; for every
@@ -310,8 +309,7 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   }
 #endif
   if (!warpgroup && !keys_as_m)
-    s = launch_kernel("decode_kernel", mma_kernel, grid, dim3(Tr::kThreads), smem_bytes, stream,
-                      k);
+    s = launch_kernel("decode_kernel", mma_kernel, grid, dim3(Tr::kThreads), smem_bytes, stream, k);
   if (!s) return s;
   if (shape.max_partials() > 0) {
     if (!(s = launch_combine<typename Problem::q_type>(
@@ -389,9 +387,11 @@ struct Decode {
     const Status s = detail::check_launch_device(dev, workspace, stream);
     if (!s) return s;
     if constexpr (Problem::kRows > 0) {
-      // Only the policies these rows can get (policy_index_for: it depends on the device).
+      // Only the policies these rows can get (policy_index_for: it depends on the device, and
+      // on sm_90 for 1..16 rows on the batch, where the largest batch gets the other one).
       constexpr int any_device = arch::policy_index_for_rows(Problem::kRows);
-      constexpr int sm90 = arch::policy_index_for(Problem::kRows, Problem::kDirectKv, 90);
+      constexpr int sm90 =
+          arch::policy_index_for(Problem::kRows, Problem::kDirectKv, 90, kMaxBatch);
       return detail::launch_by_rows<Problem>(a, dev, workspace, workspace_size, stream,
                                              std::integer_sequence<int, any_device, sm90>{});
     } else {

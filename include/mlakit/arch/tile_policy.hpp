@@ -83,10 +83,8 @@ inline constexpr TilePolicy kPolicies[] = {
 inline constexpr TilePolicy kPolicies[] = {
     {16, 32, 128, 2, 36864, 2, 2, Mainloop::warp_mma, IdsAhead::small_pages, 3,
      Mainloop::keys_as_m},
-    {32, 64, 256, 2, 110592, 1, 4, Mainloop::warp_mma, IdsAhead::always, 0,
-     Mainloop::keys_as_m},
-    {64, 64, 256, 2, 73728, 1, 3, Mainloop::warpgroup_ws, IdsAhead::never, 0,
-     Mainloop::keys_as_m},
+    {32, 64, 256, 2, 110592, 1, 4, Mainloop::warp_mma, IdsAhead::always, 0, Mainloop::keys_as_m},
+    {64, 64, 256, 2, 73728, 1, 3, Mainloop::warpgroup_ws, IdsAhead::never, 0, Mainloop::keys_as_m},
 };
 #endif
 
@@ -100,19 +98,29 @@ constexpr int policy_index_for_rows(int rows) {
   return kNumPolicies - 1;
 }
 
-// The policy decode() runs for `rows` rows on a device of architecture `arch` (DeviceInfo::arch)
-// when KV is (direct_kv) or is not of the Q type. On sm_90, 17..32 rows with such KV take the
-// warp-specialized 64-row tile (half its rows padding): it moves KV that needs no conversion
-// faster than the 32-row mma.sync tile (H200, bf16, 16 heads x q_len 2, batch 128, kv 8192:
-// 478 -> 372 us at page 64, 556 -> 394 at page 1; docs/performance.md). fp8 and other
-// converted KV keep the 32-row tile, which is faster for them (q_len 2 fp8 413 us there, the
-// 64-row tile 479 us at q_len 4). The launch uses this function; workspace_bytes() sizes for
-// the larger plan of the two candidates whatever the dtypes. A program built without sm_90a
-// code runs the 64-row policy's mma.sync fallback there: correct, but slower than the 32-row
-// tile would be.
-constexpr int policy_index_for(int rows, bool direct_kv, int arch) {
+// Requests (of one row tile each) from which 1..16 rows with KV of the Q type run the
+// warp-specialized 64-row tile on sm_90 (policy_index_for). Below, the 16-row mma.sync tile
+// plans for itself (one launch fewer): H200, bf16, 16 heads x q_len 1, kv 8192, page 64, batch
+// 1: 18.5 us on the 16-row tile, 24.8 on the 64-row tile.
+inline constexpr int kWsMinRequests16 = 32;
+
+// The policy decode() runs for `rows` rows per request and `batch` requests on a device of
+// architecture `arch` (DeviceInfo::arch) when KV is (direct_kv) or is not of the Q type. On
+// sm_90, rows that fit the 16- or 32-row tile take the warp-specialized 64-row tile instead
+// when their KV needs no conversion (17..32 rows always, 1..16 rows from kWsMinRequests16
+// requests up), padding half or more of its rows: it streams such KV faster than the mma.sync
+// tiles (H200, bf16, 16 heads, batch 128, kv 8192: q_len 2 478 -> 372 us at page 64, 556 ->
+// 394 at page 1; q_len 1 309 -> 307 us at page 64, 407 -> 323 at page 1; docs/performance.md).
+// fp8 and other converted KV keep the small tiles, which are faster for them (q_len 2 fp8
+// 413 us on the 32-row tile, the 64-row tile 479 us at q_len 4). The launch uses this
+// function; workspace_bytes() sizes for the larger plan of the two candidates whatever the
+// dtypes. A program built without sm_90a code runs the 64-row policy's mma.sync fallback
+// there: correct, but slower than the small tiles would be.
+constexpr int policy_index_for(int rows, bool direct_kv, int arch, int batch) {
   const int i = policy_index_for_rows(rows);
-  if (direct_kv && arch == 90 && kPolicies[i].rows == 32 &&
+  const bool promoted =
+      kPolicies[i].rows == 32 || (kPolicies[i].rows == 16 && batch >= kWsMinRequests16);
+  if (direct_kv && arch == 90 && promoted &&
       kPolicies[kNumPolicies - 1].mainloop == Mainloop::warpgroup_ws)
     return kNumPolicies - 1;
   return i;
