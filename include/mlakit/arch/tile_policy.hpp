@@ -100,8 +100,10 @@ constexpr int policy_index_for_rows(int rows) {
 
 // Requests (of one row tile each) from which 1..16 rows with KV of the Q type run the
 // warp-specialized 64-row tile on sm_90 (policy_index_for). Below, the 16-row mma.sync tile
-// plans for itself (one launch fewer): H200, bf16, 16 heads x q_len 1, kv 8192, page 64, batch
-// 1: 18.5 us on the 16-row tile, 24.8 on the 64-row tile.
+// plans for itself (one launch fewer) and wins on short requests, which the host cannot tell
+// from long ones. H200, bf16, 16 heads x q_len 1, 16-row tile against 64-row tile: batch 1, kv
+// 8192, page 64: 18.5 / 24.8 us; batch 8, page 1, kv 1024 / 8192 / 131072: 20.6 / 22.5, 43.2 /
+// 55.2, 402 / 334 us; batch 32, page 1: 34.4 / 38.0, 120 / 107, 1530 / 1195 us.
 inline constexpr int kWsMinRequests16 = 32;
 
 // The policy decode() runs for `rows` rows per request and `batch` requests on a device of
