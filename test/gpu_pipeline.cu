@@ -5,9 +5,11 @@
 // shuffled CSR page ids. Every row policy (16, 32 and 64 rows at 16 heads; on sm_90, 32 rows
 // with KV of the Q type run the 64-row tile, half padding, 16 rows too from 32 requests up,
 // and 16 and 32 rows of e4m3fn KV the keys-as-M tiles from 32 requests x row tiles up) and
-// both the direct 16-bit path and the
-// fp8 conversion paths.
+// both the direct 16-bit path and the fp8 conversion paths.
 #include <catch2/catch.hpp>
+
+#include <initializer_list>
+#include <vector>
 
 #include "gpu_harness.hpp"
 #include "gpu_require.hpp"
@@ -36,8 +38,44 @@ void check_pipeline_case(const Case& c) {
 // Lengths around the 64-token tiles of a two-stage ring: inside tile 0, its end, tile 1
 // (stage 1), the first reuse of stage 0 (tile 2), a middle tile, an odd and an even count of
 // tiles, plus 0 and 1.
-const std::vector<int> kRingLengths = {0,   1,   7,   63,  64,  65,  127,         128,   129,
-                                       191, 192, 193, 255, 256, 257, 64 * 7 + 17, 64 * 8};
+const std::vector<int> kRingLengths = {0, 1, 7, 63, 64, 65, 127, 128, 129, 191, 192, 193, 255,
+                                       256, 257, 64 * 7 + 17, 64 * 8};
+
+// Every ring length, then the same in reverse: 34 requests, enough for the sm_90 kernel
+// choices that switch at 32 requests (x row tiles).
+std::vector<int> ring_lengths_34() {
+  std::vector<int> lens = kRingLengths;
+  lens.insert(lens.end(), kRingLengths.rbegin(), kRingLengths.rend());
+  return lens;
+}
+
+struct Rows {
+  int heads, q_len;
+};
+
+// One case per row shape and page size (1: shuffled CSR ids, 64: block table) over the 34
+// requests of ring_lengths_34(); by the case's seed (from `seed` up) Q alternates bf16 / fp16
+// and the split mode cycles none / fixed 5 / automatic. KV is e4m3fn, or of the Q type when
+// kv_of_q.
+void check_rows_34_requests(std::initializer_list<Rows> shapes, int seed, bool kv_of_q) {
+  const std::vector<int> lens = ring_lengths_34();
+  for (Rows rw : shapes)
+    for (int page_size : {1, 64}) {
+      Case c;
+      c.q_type = (seed & 1) ? DType::fp16 : DType::bf16;
+      c.kv_type = kv_of_q ? c.q_type : DType::fp8_e4m3fn;
+      c.heads = rw.heads;
+      c.q_len = rw.q_len;
+      c.page_size = page_size;
+      c.ids = page_size == 1 ? PageIds::csr : PageIds::block_table;
+      c.split = seed % 3 == 0 ? SplitMode::none
+                              : (seed % 3 == 1 ? SplitMode::fixed : SplitMode::automatic);
+      c.num_splits = c.split == SplitMode::fixed ? 5 : 0;
+      c.kv_lens = lens;
+      c.seed = seed++;
+      check_pipeline_case(c);
+    }
+}
 
 }  // namespace
 
@@ -142,30 +180,10 @@ TEST_CASE("pipeline: 12 heads (row tiles that end inside a tile), non-causal", "
 TEST_CASE("pipeline: keys-as-M tiles, 16, 32 and 64 rows of e4m3fn KV, 34 requests",
           "[gpu][pipeline]") {
   MLAKIT_REQUIRE_GPU();
-  int seed = 9400;
-  std::vector<int> lens = kRingLengths;
-  lens.insert(lens.end(), kRingLengths.rbegin(), kRingLengths.rend());
-  struct Rows {
-    int heads, q_len;
-  };
-  for (Rows rw : {Rows{16, 1}, Rows{12, 1}, Rows{8, 2}, Rows{5, 3}, Rows{16, 2}, Rows{12, 2},
-                  Rows{8, 4}, Rows{32, 1}, Rows{6, 5}, Rows{16, 4}, Rows{12, 5}, Rows{7, 9},
-                  Rows{64, 1}, Rows{16, 8}, Rows{128, 1}})
-    for (int page_size : {1, 64}) {
-      Case c;
-      c.q_type = (seed & 1) ? DType::fp16 : DType::bf16;
-      c.kv_type = DType::fp8_e4m3fn;
-      c.heads = rw.heads;
-      c.q_len = rw.q_len;
-      c.page_size = page_size;
-      c.ids = page_size == 1 ? PageIds::csr : PageIds::block_table;
-      c.split = seed % 3 == 0 ? SplitMode::none
-                              : (seed % 3 == 1 ? SplitMode::fixed : SplitMode::automatic);
-      c.num_splits = c.split == SplitMode::fixed ? 5 : 0;
-      c.kv_lens = lens;
-      c.seed = seed++;
-      check_pipeline_case(c);
-    }
+  check_rows_34_requests({Rows{16, 1}, Rows{12, 1}, Rows{8, 2}, Rows{5, 3}, Rows{16, 2},
+                          Rows{12, 2}, Rows{8, 4}, Rows{32, 1}, Rows{6, 5}, Rows{16, 4},
+                          Rows{12, 5}, Rows{7, 9}, Rows{64, 1}, Rows{16, 8}, Rows{128, 1}},
+                         9400, false);
 }
 
 // 1..16 rows whose KV is of the Q type (sm_90: the warp-specialized 64-row tile from
@@ -176,29 +194,9 @@ TEST_CASE("pipeline: keys-as-M tiles, 16, 32 and 64 rows of e4m3fn KV, 34 reques
 // table, bf16 and fp16, splits off, fixed and automatic.
 TEST_CASE("pipeline: 1..16 rows of KV of the Q type, 34 requests", "[gpu][pipeline]") {
   MLAKIT_REQUIRE_GPU();
-  int seed = 9600;
-  std::vector<int> lens = kRingLengths;
-  lens.insert(lens.end(), kRingLengths.rbegin(), kRingLengths.rend());
-  struct Rows {
-    int heads, q_len;
-  };
-  for (Rows rw : {Rows{16, 1}, Rows{12, 1}, Rows{8, 2}, Rows{5, 3}, Rows{1, 1}, Rows{3, 5}})
-    for (int page_size : {1, 64}) {
-      Case c;
-      c.q_type = (seed & 1) ? DType::fp16 : DType::bf16;
-      c.kv_type = c.q_type;
-      c.heads = rw.heads;
-      c.q_len = rw.q_len;
-      c.page_size = page_size;
-      c.ids = page_size == 1 ? PageIds::csr : PageIds::block_table;
-      c.split = seed % 3 == 0 ? SplitMode::none
-                              : (seed % 3 == 1 ? SplitMode::fixed : SplitMode::automatic);
-      c.num_splits = c.split == SplitMode::fixed ? 5 : 0;
-      c.kv_lens = lens;
-      c.seed = seed++;
-      REQUIRE(int(c.kv_lens.size()) >= arch::kWsMinRequests16);
-      check_pipeline_case(c);
-    }
+  REQUIRE(int(ring_lengths_34().size()) >= arch::kWsMinRequests16);
+  check_rows_34_requests(
+      {Rows{16, 1}, Rows{12, 1}, Rows{8, 2}, Rows{5, 3}, Rows{1, 1}, Rows{3, 5}}, 9600, true);
 }
 
 // The online softmax keeps a row's running max while the scores' max exceeds it by at most
@@ -214,9 +212,6 @@ TEST_CASE("online softmax: running maxima that move along the keys", "[gpu][pipe
   std::vector<int> many;
   while (many.size() < 34) many.insert(many.end(), lens.begin(), lens.end());
   many.resize(34);
-  struct Rows {
-    int heads, q_len;
-  };
   for (Rows rw : {Rows{16, 1}, Rows{16, 2}, Rows{16, 4}, Rows{16, 8}, Rows{128, 1}})
     for (DType kv : {DType::fp8_e4m3fn, DType::bf16})
       for (int batch : {34, 3}) {

@@ -4,8 +4,8 @@
 // Status (never abort); workspace_bytes() does not depend on kv_len or other per-step data.
 // validate() never dereferences a pointer, so dummy aligned host buffers stand in for device
 // memory.
-#include <algorithm>
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
