@@ -447,6 +447,17 @@ TEST_CASE("combine merges split partials like a double LSE merge", "[gpu]") {
     c.lens.assign(9, 0);
     c.seed = 40 + int(q);
     check_combine(c);
+
+    // Batch 1 with a long context: hundreds of pieces per row (several per warp), and 128 rows
+    // of 66 pieces.
+    c.q_len = 1;
+    c.lens = {131072};
+    c.seed = 50 + int(q);
+    check_combine(c);
+    c.q_len = 8;
+    c.lens = {32768};
+    c.seed = 60 + int(q);
+    check_combine(c);
   }
 }
 

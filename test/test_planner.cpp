@@ -96,8 +96,11 @@ std::string check_plan(const PlanShape& p, const std::vector<int>& lens, PlanSta
     if (r.cost_begin != prefix) return err.str() + "cost_begin is not the prefix sum";
     const long long cost = cost_of[b];
     if (r.cost != cost) return err.str() + "cost " + std::to_string(r.cost);
-    // Rounded plans: every request starts at a CTA boundary, one piece per CTA.
-    if (rounded && (r.cost_begin % h.per_cta != 0 || r.num_pieces != ceil_div(cost, h.per_cta)))
+    // Rounded plans: every request starts at a CTA boundary, one piece per CTA, except CTAs
+    // whose whole interval holds the request's leading units (no KV).
+    if (rounded && (r.cost_begin % h.per_cta != 0 ||
+                    r.num_pieces != ceil_div(cost, h.per_cta) -
+                                        lead_units(p, int(cost)) / h.per_cta))
       return err.str() + "rounded plan: request off a CTA boundary or with extra pieces";
     prefix += cost;
     if (r.num_pieces < 1) return err.str() + "no piece";
@@ -150,12 +153,19 @@ std::string check_plan(const PlanShape& p, const std::vector<int>& lens, PlanSta
            std::to_string(p.max_partials());
   if (p.mode == SplitMode::none && h.partials != 0) return "none mode has partials";
 
-  // (a) no CTA lists a request it has no piece of; empty CTAs only past the total.
+  // (a) no CTA lists a request it has no piece of; empty CTAs only past the total or where
+  // their whole interval holds leading units (no KV) of requests.
   long long listings = 0;
   for (int c = 0; c < G; ++c) {
     const CtaPlan& cp = h.ctas[c];
     if (cp.req_begin > cp.req_end) {
-      if (1LL * c * h.per_cta < total) return "CTA " + std::to_string(c) + " idle inside the total";
+      const long long hi = std::min<long long>(1LL * (c + 1) * h.per_cta, total);
+      for (long long pos = 1LL * c * h.per_cta; pos < hi; ++pos) {
+        const int b = request_at(h.requests.data(), B, pos);
+        const RequestPlan& r = h.requests[b];
+        if (pos - r.cost_begin >= lead_units(p, r.cost))
+          return "CTA " + std::to_string(c) + " idle at KV units of request " + std::to_string(b);
+      }
       continue;
     }
     if (cp.req_begin < 0 || cp.req_end >= B)
@@ -310,8 +320,8 @@ TEST_CASE("planner: equal lengths split into equal pieces, or not at all", "[pla
       {128, 1024, 2, 1, 1, 1},    // batch 128, kv_len 1024, 2 row tiles: no split
       {32, 8192, 1, 1, 4, 4},     // 32 requests of one row tile: 4 pieces
       {8, 8192, 2, 1, 8, 8},      // batch 8, 2 row tiles: 8 pieces
-      {1, 8192, 2, 1, 65, 65},    // batch 1: 65 pieces of 2 units (kMinPieceUnits)
-      {1, 8192, 1, 2, 65, 65},    //   ... also with the 264 CTAs of two per SM
+      {1, 8192, 2, 1, 64, 64},    // batch 1: 64 pieces of 2 units (kMinPieceUnits); the
+      {1, 8192, 1, 2, 64, 64},    //   overhead-only first CTA idles; also with 264 CTAs
   };
   for (const C& c : cases) {
     PlanShape p;

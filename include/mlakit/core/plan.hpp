@@ -226,19 +226,35 @@ MLAKIT_HOST_DEVICE inline int request_at(const RequestPlan* r, int batch, std::i
   return lo;
 }
 
-// Requests CTA c covers, given every request's cost_begin (total = sum of costs).
+// Requests CTA c processes, given every request's cost_begin and first_cta (total = sum of
+// costs); req_begin > req_end when none.
 MLAKIT_HOST_DEVICE inline CtaPlan cta_plan_of(const RequestPlan* r, int batch, int c, int per_cta,
                                               int total) {
   const std::int64_t lo = std::int64_t(c) * per_cta;
   std::int64_t hi = lo + per_cta;
   if (hi > total) hi = total;
   if (lo >= hi) return CtaPlan{1, 0};
-  return CtaPlan{request_at(r, batch, lo), request_at(r, batch, hi - 1)};
+  CtaPlan cp{request_at(r, batch, lo), request_at(r, batch, hi - 1)};
+  // The last request may start in this interval with leading units only (request_ctas): not
+  // processed here. Requests before it end inside the interval, past their own leading units.
+  if (c < r[cp.req_end].first_cta) --cp.req_end;
+  return cp;
 }
 
-// First and count of the CTAs whose intervals meet request r's.
-MLAKIT_HOST_DEVICE inline void request_ctas(RequestPlan& r, int per_cta) {
-  r.first_cta = r.cost_begin / per_cta;
+// Leading units of a request that hold no KV: automatic mode's overhead units (token_at maps
+// them to token 0), at most cost - 1 so that a request without keys keeps one unit.
+MLAKIT_HOST_DEVICE inline int lead_units(const PlanShape& p, int cost) {
+  if (p.mode != SplitMode::automatic) return 0;
+  return cost - 1 < kOverheadUnits ? cost - 1 : kOverheadUnits;
+}
+
+// First and count of the CTAs that process request r: those whose intervals meet r's past its
+// leading units. A CTA whose interval holds only those units would get an empty piece (no
+// KV, yet a partial to write and merge): with a budget of kOverheadUnits units and requests
+// aligned to CTA boundaries, every split request's first CTA did (H200, batch 1, kv 8192,
+// q_len 8: 65 pieces, one of them empty, against 64).
+MLAKIT_HOST_DEVICE inline void request_ctas(const PlanShape& p, RequestPlan& r, int per_cta) {
+  r.first_cta = (r.cost_begin + lead_units(p, r.cost)) / per_cta;
   r.num_pieces = (r.cost_begin + r.cost - 1) / per_cta - r.first_cta + 1;
 }
 
@@ -303,7 +319,7 @@ inline HostPlan plan_on_host(const PlanShape& p, const int* kv_len_clamped) {
   h.total = prefix;
   int partials = 0;
   for (int b = 0; b < p.batch; ++b) {
-    request_ctas(h.requests[b], h.per_cta);
+    request_ctas(p, h.requests[b], h.per_cta);
     h.requests[b].partial_base = partials;
     if (h.requests[b].num_pieces > 1) partials += h.requests[b].num_pieces;
   }

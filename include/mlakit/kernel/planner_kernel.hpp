@@ -104,7 +104,7 @@ __device__ BlockPlan plan_requests(const DecodeArgs& a, const PlanShape& shape,
     int pieces = 0;
     if (b < shape.batch) {
       r = req[b];  // written by this same thread in pass 3
-      request_ctas(r, out.per_cta);
+      request_ctas(shape, r, out.per_cta);
       pieces = r.num_pieces > 1 ? r.num_pieces : 0;
     }
     int excl = 0, total = 0;
