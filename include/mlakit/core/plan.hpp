@@ -4,8 +4,10 @@
 // Every request b gets a cost interval [prefix[b], prefix[b] + cost[b]) on one line; the line
 // [0, total) is cut into intervals of `per_cta` units, one per CTA (per row tile), with
 // per_cta x num_ctas >= total (CTAs past the total have no work). A CTA processes, in order,
-// the pieces of every request whose interval meets its own, so KV work is balanced whatever the lengths, and the grid depends only on batch, rows and
-// the device, never on kv_len values (one captured graph serves every decode step).
+// the pieces of every request whose interval meets its own past the request's leading units
+// (request_ctas), so KV work is balanced whatever the lengths, and the grid depends only on
+// batch, rows and the device, never on kv_len values (one captured graph serves every decode
+// step).
 //
 // Modes: automatic costs a request kOverheadUnits + ceil(kv_len / kPlanTokens) units (the
 // overhead stands for loading Q and writing O); none costs 1 unit per request with one CTA
