@@ -439,8 +439,13 @@ void BM_empty_launch_driver(benchmark::State& st) {
   void* p = nullptr;
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
   cudaFunction_t f = nullptr;
-  if (cudaGetDriverEntryPointByVersion("cuLaunchKernel", &p, 12000, cudaEnableDefault, &found) !=
-          cudaSuccess ||
+#if CUDART_VERSION >= 12050
+  const cudaError_t e =
+      cudaGetDriverEntryPointByVersion("cuLaunchKernel", &p, 12000, cudaEnableDefault, &found);
+#else
+  const cudaError_t e = cudaGetDriverEntryPoint("cuLaunchKernel", &p, cudaEnableDefault, &found);
+#endif
+  if (e != cudaSuccess ||
       found != cudaDriverEntryPointSuccess ||
       cudaGetFuncBySymbol(&f, reinterpret_cast<const void*>(empty_kernel)) != cudaSuccess) {
     st.SkipWithError("no cuLaunchKernel entry point");
