@@ -419,49 +419,6 @@ void BM_empty_launch(benchmark::State& st) {
   cudaStreamDestroy(stream);
 }
 
-// The same empty launch through cudaLaunchKernel (the <<<>>> path).
-void BM_empty_launch_runtime(benchmark::State& st) {
-  cudaStream_t stream;
-  cudaStreamCreate(&stream);
-  time_enqueue(st, stream, [&](int n) {
-    void* argv[] = {&n};
-    benchmark::DoNotOptimize(cudaLaunchKernel(reinterpret_cast<const void*>(empty_kernel),
-                                              dim3(132), dim3(128), argv, 0, stream));
-  });
-  cudaStreamDestroy(stream);
-}
-
-// The same empty launch through the driver's cuLaunchKernel (entry point found through the
-// runtime, function handle looked up once), the runtime's launch bookkeeping bypassed.
-void BM_empty_launch_driver(benchmark::State& st) {
-  using LaunchFn = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
-                                unsigned, unsigned, CUstream, void**, void**);
-  void* p = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  cudaFunction_t f = nullptr;
-#if CUDART_VERSION >= 12050
-  const cudaError_t e =
-      cudaGetDriverEntryPointByVersion("cuLaunchKernel", &p, 12000, cudaEnableDefault, &found);
-#else
-  const cudaError_t e = cudaGetDriverEntryPoint("cuLaunchKernel", &p, cudaEnableDefault, &found);
-#endif
-  if (e != cudaSuccess ||
-      found != cudaDriverEntryPointSuccess ||
-      cudaGetFuncBySymbol(&f, reinterpret_cast<const void*>(empty_kernel)) != cudaSuccess) {
-    st.SkipWithError("no cuLaunchKernel entry point");
-    return;
-  }
-  const LaunchFn launch = reinterpret_cast<LaunchFn>(p);
-  cudaStream_t stream;
-  cudaStreamCreate(&stream);
-  time_enqueue(st, stream, [&](int n) {
-    void* argv[] = {&n};
-    benchmark::DoNotOptimize(launch(reinterpret_cast<CUfunction>(f), 132, 1, 1, 128, 1, 1, 0,
-                                    reinterpret_cast<CUstream>(stream), argv, nullptr));
-  });
-  cudaStreamDestroy(stream);
-}
-
 std::string shape_name(const Shape& s) {
   return std::string("decode/h") + std::to_string(s.heads) + "/q" + std::to_string(s.q_len) + "/" +
          (s.kv == DType::bf16 ? "bf16" : "fp8") + "/b" + std::to_string(s.batch) + "/kv" +
@@ -539,10 +496,6 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("host_api/decode_enqueue", BM_host_api)
       ->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("host_api/empty_launch", BM_empty_launch)
-      ->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark("host_api/empty_launch_runtime", BM_empty_launch_runtime)
-      ->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark("host_api/empty_launch_driver", BM_empty_launch_driver)
       ->Unit(benchmark::kMicrosecond);
   int n = int(args.size());
   benchmark::Initialize(&n, args.data());
