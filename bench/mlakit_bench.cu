@@ -474,6 +474,11 @@ int main(int argc, char** argv) {
         for (int L : {1024, 8192, 32768, 131072})
           for (DType kv : {DType::fp8_e4m3fn, DType::bf16})
             if (!(b == 128 && L == 8192)) shapes.push_back({16, q, kv, b, L, 1});
+    // Small batches of 32 and 64 rows with an fp8 cache (an MTP step of one draft token, a
+    // short speculative verify), page 64.
+    for (int q : {2, 4})
+      for (int b : {1, 8})
+        for (int L : {8192, 32768}) shapes.push_back({16, q, DType::fp8_e4m3fn, b, L, 64});
   }
   for (const Shape& s : shapes) {
     benchmark::RegisterBenchmark(shape_name(s).c_str(),

@@ -192,51 +192,56 @@ TEST_CASE("split modes, LSE on and off", "[gpu]") {
 }
 
 TEST_CASE("self-planned calls leave the planner's plan in the workspace", "[gpu]") {
-  // Automatic mode with up to kSelfPlanMaxBatch requests on a mma.sync policy (16 rows here):
-  // the decode kernel plans for itself. Its output must match the reference and the plan it
-  // stores for the combine (header, RequestPlan[batch]) must equal plan_on_host(). Batch 129
-  // takes the planner kernel: the same checks hold.
+  // Automatic mode with few requests: the decode kernel plans for itself. 16 rows (16 heads x
+  // q_len 1): with an e4m3fn cache the keys-as-M kernel on sm_90a, the mma.sync kernel
+  // elsewhere, below kFp8CtasMinRowTiles requests (batch 1 and 3; elsewhere up to
+  // kSelfPlanMaxBatch); with a bf16 cache the mma.sync kernel below kWsMinRequests16 requests.
+  // Its output must match the reference and the plan it stores for the combine (header,
+  // RequestPlan[batch]) must equal plan_on_host(). The other calls take the planner kernel:
+  // the same checks hold.
   MLAKIT_REQUIRE_GPU();
   std::mt19937 rng(0x5e1f);
-  for (int batch : {1, 3, 37, 128, 129}) {
-    Case c;
-    c.heads = 16;
-    c.q_len = 1;
-    c.page_size = 1 + int(rng() % 64);
-    c.kv_lens.resize(batch);
-    for (int& l : c.kv_lens) l = rng() % 4 == 0 ? 0 : int(rng() % 3000);
-    c.kv_lens[rng() % batch] = 20000;  // one long request among short ones: split
-    c.seed = 900 + batch;
-    INFO(c.name());
-    TestProblem P;
-    build(P, c);
-    REQUIRE(P.ok);
-    DeviceBuffer ws(workspace_for(P.dev));
-    run_and_check(P, ws);
+  for (DType kv : {DType::fp8_e4m3fn, DType::bf16})
+    for (int batch : {1, 3, 37, 128, 129}) {
+      Case c;
+      c.kv_type = kv;
+      c.heads = 16;
+      c.q_len = 1;
+      c.page_size = 1 + int(rng() % 64);
+      c.kv_lens.resize(batch);
+      for (int& l : c.kv_lens) l = rng() % 4 == 0 ? 0 : int(rng() % 3000);
+      c.kv_lens[rng() % batch] = 20000;  // one long request among short ones: split
+      c.seed = 900 + batch;
+      INFO(c.name());
+      TestProblem P;
+      build(P, c);
+      REQUIRE(P.ok);
+      DeviceBuffer ws(workspace_for(P.dev));
+      run_and_check(P, ws);
 
-    DeviceInfo dev;
-    REQUIRE(cached_device_info(&dev));
-    const int policy = detail::policy_index(P.dev, dev);
-    const PlanShape shape = detail::plan_shape(P.dev, policy, dev);
-    const detail::WorkspaceLayout wl =
-        detail::workspace_layout(shape, shape.row_tiles * arch::kPolicies[policy].rows);
-    std::vector<int> clamped(batch);
-    for (int b = 0; b < batch; ++b) clamped[b] = P.kv_len[b];  // within capacity by build()
-    const HostPlan h = plan_on_host(shape, clamped.data());
-    int header[3];
-    REQUIRE(gpu_d2h(header, static_cast<char*>(ws.ptr) + wl.plan.header_offset, sizeof header));
-    CHECK(header[0] == h.total);
-    CHECK(header[1] == h.per_cta);
-    CHECK(header[2] == h.partials);
-    CHECK(h.partials > 0);
-    std::vector<RequestPlan> d(batch);
-    REQUIRE(gpu_d2h(d.data(), static_cast<char*>(ws.ptr) + wl.plan.requests_offset,
-                    batch * sizeof(RequestPlan)));
-    for (int b = 0; b < batch; ++b) {
-      INFO("request " << b);
-      CHECK(std::memcmp(&d[b], &h.requests[b], sizeof(RequestPlan)) == 0);
+      DeviceInfo dev;
+      REQUIRE(cached_device_info(&dev));
+      const int policy = detail::policy_index(P.dev, dev);
+      const PlanShape shape = detail::plan_shape(P.dev, policy, dev);
+      const detail::WorkspaceLayout wl =
+          detail::workspace_layout(shape, shape.row_tiles * arch::kPolicies[policy].rows);
+      std::vector<int> clamped(batch);
+      for (int b = 0; b < batch; ++b) clamped[b] = P.kv_len[b];  // within capacity by build()
+      const HostPlan h = plan_on_host(shape, clamped.data());
+      int header[3];
+      REQUIRE(gpu_d2h(header, static_cast<char*>(ws.ptr) + wl.plan.header_offset, sizeof header));
+      CHECK(header[0] == h.total);
+      CHECK(header[1] == h.per_cta);
+      CHECK(header[2] == h.partials);
+      CHECK(h.partials > 0);
+      std::vector<RequestPlan> d(batch);
+      REQUIRE(gpu_d2h(d.data(), static_cast<char*>(ws.ptr) + wl.plan.requests_offset,
+                      batch * sizeof(RequestPlan)));
+      for (int b = 0; b < batch; ++b) {
+        INFO("request " << b);
+        CHECK(std::memcmp(&d[b], &h.requests[b], sizeof(RequestPlan)) == 0);
+      }
     }
-  }
 }
 
 TEST_CASE("length mixes: 0, below q_len, 1 to 100k in one batch", "[gpu]") {

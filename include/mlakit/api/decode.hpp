@@ -157,8 +157,9 @@ inline Status prepare_kernel(Kernel kernel, int smem_bytes, int device) {
 // Whether `kernel`, a kernel with an sm_90a-only mainloop, runs that mainloop on `dev`: the
 // device is sm_90 and the code the runtime loads for it is sm_90a code, the only code that
 // declares the mainloop's static shared memory (`static_bytes`; sm_80 or plain sm_90 code of
-// the kernel is empty). Checked, and the dynamic shared-memory limit raised, once per device
-// and Tag.
+// the kernel is empty; a kernel that can also plan for itself declares the planner's scan
+// storage next to it, so the check is "at least"). Checked, and the dynamic shared-memory
+// limit raised, once per device and Tag.
 template <class Tag, class Kernel>
 inline Status sm90a_kernel_usable(Kernel kernel, int static_bytes, int dynamic_bytes,
                                   const DeviceInfo& dev, bool* usable, bool max_carveout = false) {
@@ -179,7 +180,7 @@ inline Status sm90a_kernel_usable(Kernel kernel, int static_bytes, int dynamic_b
       cudaFuncAttributes attr{};
       Status q = rt_check(cudaFuncGetAttributes(&attr, kernel), "cudaFuncGetAttributes");
       if (!q) return q;
-      ok = attr.binaryVersion == 90 && static_cast<int>(attr.sharedSizeBytes) == static_bytes;
+      ok = attr.binaryVersion == 90 && static_cast<int>(attr.sharedSizeBytes) >= static_bytes;
       return Status::ok();
     });
     if (!s) return s;
@@ -191,7 +192,7 @@ inline Status sm90a_kernel_usable(Kernel kernel, int static_bytes, int dynamic_b
 }
 template <class Tr>
 struct WsTag {};
-template <class Tr>
+template <class Tr, bool SelfPlan>
 struct KtTag {};
 // decode_kernel_ws<Tr> (64-row warpgroup policies) runs its mainloop on `dev`.
 template <class Tr>
@@ -199,12 +200,13 @@ inline Status warpgroup_usable(const DeviceInfo& dev, bool* usable) {
   return sm90a_kernel_usable<WsTag<Tr>>(decode_kernel_ws<Tr>, sizeof(WsStaticStorage),
                                         sizeof(WsSharedStorage), dev, usable);
 }
-// decode_kernel_kt<Tr> (16- and 32-row tiles of e4m3fn KV) runs its mainloop on `dev`.
-template <class Tr>
+// decode_kernel_kt<Tr, SelfPlan> (row tiles of e4m3fn KV) runs its mainloop on `dev`.
+template <class Tr, bool SelfPlan>
 inline Status keys_as_m_usable(const DeviceInfo& dev, bool* usable) {
-  return sm90a_kernel_usable<KtTag<Tr>>(
-      decode_kernel_kt<Tr>, sizeof(typename KtMainloop<Tr>::StaticStorage),
-      sizeof(typename KtMainloop<Tr>::SharedStorage), dev, usable, true);
+  using ML = KtMainloop<Tr>;
+  return sm90a_kernel_usable<KtTag<Tr, SelfPlan>>(
+      decode_kernel_kt<Tr, SelfPlan>, sizeof(typename ML::StaticStorage),
+      SelfPlan ? ML::kSelfPlanSmemBytes : ML::kSmemBytes, dev, usable, true);
 }
 #endif
 
@@ -227,20 +229,26 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
 #if defined(MLAKIT_PLATFORM_CUDA)
   // Warpgroup policies run decode_kernel_ws, and 16- and 32-row tiles of e4m3fn KV
   // decode_kernel_kt, where the device runs their sm_90a code.
-  bool warpgroup = false, keys_as_m = false;
+  bool warpgroup = false, keys_as_m = false, keys_as_m_self_plan = false;
   if constexpr (Tr::kKeysAsM) {
-    // From kFp8CtasMinRowTiles requests x row tiles up; below, the mma.sync kernel, which
-    // plans for itself (one launch fewer: H200, batch 1, kv 8192, 18.0 against 20.6 us), or
-    // for 64-row tiles the warp-specialized kernel.
-    if (request_row_tiles(a, PolicyIndex) >= arch::kFp8CtasMinRowTiles &&
-        !(s = keys_as_m_usable<Tr>(dev, &keys_as_m)))
-      return s;
+    // From kFp8CtasMinRowTiles requests x row tiles up, with the planner launch. Below, in
+    // automatic mode, where KtConfig says so, the keys-as-M kernel planning for itself; else
+    // the mma.sync kernel, which plans for itself (a planner launch costs about 2.6 us at batch
+    // 1), or for 64-row tiles the warp-specialized kernel.
+    if (request_row_tiles(a, PolicyIndex) >= arch::kFp8CtasMinRowTiles) {
+      if (!(s = keys_as_m_usable<Tr, false>(dev, &keys_as_m))) return s;
+    } else if constexpr (KtConfig<Tr::kRows>::kSelfPlanSmall) {
+      if (a.split_mode == SplitMode::automatic) {
+        if (!(s = keys_as_m_usable<Tr, true>(dev, &keys_as_m))) return s;
+        keys_as_m_self_plan = keys_as_m;
+      }
+    }
   }
   if constexpr (Tr::kWarpgroupPolicy) {
     if (!keys_as_m && !(s = warpgroup_usable<Tr>(dev, &warpgroup))) return s;
   }
 #else
-  constexpr bool warpgroup = false, keys_as_m = false;
+  constexpr bool warpgroup = false, keys_as_m = false, keys_as_m_self_plan = false;
 #endif
   // The plan aims for the CTAs this kernel keeps resident (for the table's entries the same
   // as plan_shape(); a kv_any_t entry given e4m3fn KV keeps ctas_per_sm).
@@ -260,8 +268,9 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   const bool self_plan_fits =
       !Tr::kWarpgroupPolicy &&
       Tr::kSmemBytes + kSelfPlanBytes + kSelfPlanStaticSlack <= dev.max_smem_optin;
-  const bool self_plan = !warpgroup && !keys_as_m && self_plan_fits &&
-                         shape.mode == SplitMode::automatic && shape.batch <= kSelfPlanMaxBatch;
+  const bool self_plan = keys_as_m_self_plan ||
+                         (!warpgroup && !keys_as_m && self_plan_fits &&
+                          shape.mode == SplitMode::automatic && shape.batch <= kSelfPlanMaxBatch);
   const int smem_bytes = Tr::kSmemBytes + (self_plan ? kSelfPlanBytes : 0);
   // The mma.sync kernel. A policy whose e4m3fn path loads page ids a tile ahead for small
   // pages only has a second kernel (same shared memory, grid and plan) for them; for every
@@ -302,10 +311,17 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
                         dim3(WsMainloop<Tr>::kThreads), sizeof(WsSharedStorage), stream, k);
   }
   if constexpr (Tr::kKeysAsM) {
-    if (keys_as_m)
-      s = launch_kernel("decode_kernel_kt", decode_kernel_kt<Tr>, grid,
-                        dim3(KtMainloop<Tr>::kThreads),
-                        sizeof(typename KtMainloop<Tr>::SharedStorage), stream, k);
+    if (keys_as_m) {
+      using ML = KtMainloop<Tr>;
+      if constexpr (KtConfig<Tr::kRows>::kSelfPlanSmall) {
+        if (keys_as_m_self_plan)
+          s = launch_kernel("decode_kernel_kt", decode_kernel_kt<Tr, true>, grid,
+                            dim3(ML::kThreads), ML::kSelfPlanSmemBytes, stream, k);
+      }
+      if (!keys_as_m_self_plan)
+        s = launch_kernel("decode_kernel_kt", decode_kernel_kt<Tr, false>, grid, dim3(ML::kThreads),
+                          ML::kSmemBytes, stream, k);
+    }
   }
 #endif
   if (!warpgroup && !keys_as_m)

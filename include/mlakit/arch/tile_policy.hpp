@@ -71,6 +71,8 @@ inline constexpr TilePolicy kPolicies[] = {
 //   own instructions with two warps per scheduler (H200, q_len 1, batch 128: page 64 265 ->
 //   249 us, page 1 312 -> 282 us; two stages at two CTAs per SM measured the same as four;
 //   64-token tiles were 5% faster with page size 64 and 30% slower with page size 1).
+//   e4m3fn KV on sm_90a: the keys-as-M mainloop from kFp8CtasMinRowTiles up, and below in
+//   automatic mode, planning for itself (decode_kt_sm90.hpp, KtConfig::kSelfPlanSmall).
 // rows 32: 8 warps, 64-token tiles, fp8 KV with three raw stages (108 KB), ~221 KB; e4m3fn
 //   KV: four raw 36 KB stages; e4m3fn KV on sm_90a from kFp8CtasMinRowTiles up: the keys-as-M
 //   mainloop (two consumer warpgroups, 384 threads, one CTA per SM; H200, 16 heads x q_len 2,

@@ -2,8 +2,9 @@
 // Merges the fp32 partial outputs of split requests (LSE-weighted) into O and the optional
 // LSE. A block of 256 threads serves one request, 256 / (32 W) rows of it and 512 / C of the
 // output columns: W warps per row (1, 2, 4 or 8; W = 1 is one warp per row) and C column
-// slices (1, 2 or 4; each block of a row recomputes the row's merged LSE, n floats). The
-// pieces of a row go to its warps in turn (piece i to warp i mod W), so a row cut into
+// slices (1, 2 or 4; each block of a row reads all of the row's LSEs, n floats). The
+// pieces of a row go to its warps in turn (piece i to warp i mod W), each warp merging its
+// pieces online in one pass (no wait for the row's merged LSE), so a row cut into
 // hundreds of pieces (a long context at small batch) merges in a few memory latencies over
 // W x C warps, while many short splits waste no threads. W and C are chosen on the host from
 // the plan's shape (combine_layout), never from kv_len values. Column slices change no sum.
@@ -62,7 +63,7 @@ __global__ void __launch_bounds__(kCombineThreads)
   constexpr int kVecPerLane = kHeadDimV / kWarpSize / 4;  // float4s per lane: 4 or 2 (AMD)
   constexpr int col_splits = C;
   static_assert(C >= 1 && C <= kCombineMaxColSplits, "column slices of one float4 or more");
-  __shared__ float red[kCombineWarps];
+  __shared__ float red_m[kCombineWarps], red_l[kCombineWarps];
   __shared__ float part[kCombineWarps][kHeadDimV];
   const int b = static_cast<int>(blockIdx.x);
   constexpr int vecs = kVecPerLane / col_splits;  // float4s per lane in this block's slice
@@ -79,34 +80,15 @@ __global__ void __launch_bounds__(kCombineThreads)
   const std::int64_t first = std::int64_t(r.partial_base) * stride + row;
   const int tid_row = sub * kWarpSize + lane, threads_row = W * kWarpSize;
 
-  // Merged LSE: the row's threads read its pieces in parallel; max, then sum, reduced per warp
-  // and over the row's warps in order.
-  LseMerge merge;
-  for (int i = tid_row; i < n; i += threads_row)
-    merge.max_lse = fmaxf(merge.max_lse, ws.partial_lse[first + i * stride]);
-  for (int o = kWarpSize / 2; o > 0; o /= 2)
-    merge.max_lse = fmaxf(merge.max_lse, shfl_xor(merge.max_lse, o));
-  if (lane == 0) red[warp] = merge.max_lse;
-  block_sync();
-  merge.max_lse = red[lead];
-  for (int k = 1; k < W; ++k) merge.max_lse = fmaxf(merge.max_lse, red[lead + k]);
-  block_sync();  // red is reused below
-  for (int i = tid_row; i < n; i += threads_row)
-    merge.add_below_max(ws.partial_lse[first + i * stride]);
-  for (int o = kWarpSize / 2; o > 0; o /= 2) merge.sum += shfl_xor(merge.sum, o);
-  if (lane == 0) red[warp] = merge.sum;
-  block_sync();
-  merge.sum = 0.0f;
-  for (int k = 0; k < W; ++k) merge.sum += red[lead + k];
-
-  // This warp's pieces: sum of w_i O_i; empty pieces (w_i = 0) add nothing.
-  // Column of float4 j of this lane: col0 + 4 * (lane + j * kWarpSize). The pieces are walked
+  // One pass: each warp merges its pieces online (running max m, sum l and the weighted sum
+  // acc, all relative to m), so no load waits for the row's merged LSE. The pieces are walked
   // kPieces at a time (8 float4 per lane): every load of a batch (LSE and O) is issued before
-  // any is used, so a warp waits for memory once per batch, not twice per piece (H200, batch
-  // 1, kv_len 131072, q_len 1: 264 pieces per row, merge 16.2 -> 11.4 us). Each acc[j] adds
-  // its pieces in increasing order, as a one-piece-at-a-time loop would.
+  // any is used, so a warp waits for memory once per batch; the batch's largest LSE rescales
+  // acc and l once, then its pieces are added in increasing order. Pieces that saw no key
+  // (LSE -inf) add nothing. Column of float4 j of this lane: col0 + 4 * (lane + j * kWarpSize).
   constexpr int kPieces = 8 / vecs;  // vecs is 1, 2 or 4
   const int mine = n > sub ? (n - sub + W - 1) / W : 0;  // pieces of this warp
+  float m = neg_inf(), l = 0.0f;
   float acc[4 * vecs];
 #pragma unroll
   for (int j = 0; j < 4 * vecs; ++j) acc[j] = 0.0f;
@@ -115,6 +97,7 @@ __global__ void __launch_bounds__(kCombineThreads)
     float4 v_u[kPieces][vecs];
 #pragma unroll
     for (int u = 0; u < kPieces; ++u) {
+      lse_u[u] = neg_inf();
       if (p0 + u < mine) {
         const std::int64_t slot = first + std::int64_t(sub + (p0 + u) * W) * stride;
         lse_u[u] = ws.partial_lse[slot];
@@ -124,28 +107,55 @@ __global__ void __launch_bounds__(kCombineThreads)
         for (int j = 0; j < vecs; ++j) v_u[u][j] = src[j * kWarpSize];
       }
     }
+    float bm = m;  // the same in every lane of the warp (every lane read the same LSEs)
+#pragma unroll
+    for (int u = 0; u < kPieces; ++u) bm = fmaxf(bm, lse_u[u]);
+    if (bm == neg_inf()) continue;  // no piece so far saw a key
+    // Rescale to the new maximum (m is -inf only while acc and l are 0: the factor is 0).
+    if (bm != m) {
+      const float f = __builtin_exp2f((m - bm) * kLog2e);
+      l *= f;
+#pragma unroll
+      for (int j = 0; j < 4 * vecs; ++j) acc[j] *= f;
+      m = bm;
+    }
 #pragma unroll
     for (int u = 0; u < kPieces; ++u) {
-      if (p0 + u < mine) {
-        const float w = merge.weight(lse_u[u]);
+      if (lse_u[u] != neg_inf()) {
+        const float w = __builtin_exp2f((lse_u[u] - m) * kLog2e);
+        l += w;
 #pragma unroll
         for (int j = 0; j < vecs; ++j) {
           const float4 v = v_u[u][j];
-          acc[4 * j + 0] += w != 0.0f ? w * v.x : 0.0f;
-          acc[4 * j + 1] += w != 0.0f ? w * v.y : 0.0f;
-          acc[4 * j + 2] += w != 0.0f ? w * v.z : 0.0f;
-          acc[4 * j + 3] += w != 0.0f ? w * v.w : 0.0f;
+          acc[4 * j + 0] += w * v.x;
+          acc[4 * j + 1] += w * v.y;
+          acc[4 * j + 2] += w * v.z;
+          acc[4 * j + 3] += w * v.w;
         }
       }
     }
   }
+  // The row's warps merge in order: M = their largest m, each warp's terms scaled by
+  // 2^((m_k - M) log2 e); a warp that saw no key has factor 0.
+  float total = l, row_max = m;
   if (W > 1) {  // W is the same in the whole block: every thread reaches the barrier
 #pragma unroll
     for (int j = 0; j < vecs; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) part[warp][4 * (lane + j * kWarpSize) + e] = acc[4 * j + e];
+    if (lane == 0) {
+      red_m[warp] = m;
+      red_l[warp] = l;
+    }
     block_sync();
+    row_max = red_m[lead];
+    for (int k = 1; k < W; ++k) row_max = fmaxf(row_max, red_m[lead + k]);
+    total = 0.0f;
+    for (int k = 0; k < W; ++k)
+      if (red_m[lead + k] != neg_inf())
+        total += red_l[lead + k] * __builtin_exp2f((red_m[lead + k] - row_max) * kLog2e);
   }
+  const float inv = total > 0.0f ? 1.0f / total : 0.0f;  // 0: no piece of the row saw a key
   if (!valid) return;
   const int t = row / a.num_heads, h = row % a.num_heads;
   T* out =
@@ -155,17 +165,22 @@ __global__ void __launch_bounds__(kCombineThreads)
     for (int j = 0; j < vecs; ++j) {
       const int col = col0 + 4 * (lane + j * kWarpSize);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) out[col + e] = from_float<T>(acc[4 * j + e]);
+      for (int e = 0; e < 4; ++e) out[col + e] = from_float<T>(acc[4 * j + e] * inv);
     }
   } else {
+    const auto factor = [&](int k) {  // warp k's scale into the row's merged output
+      const float mk = red_m[lead + k];
+      return mk != neg_inf() ? __builtin_exp2f((mk - row_max) * kLog2e) * inv : 0.0f;
+    };
     for (int col = tid_row; col < kHeadDimV / col_splits; col += threads_row) {
-      float v = part[lead][col];
-      for (int k = 1; k < W; ++k) v += part[lead + k][col];
+      float v = part[lead][col] * factor(0);
+      for (int k = 1; k < W; ++k) v += part[lead + k][col] * factor(k);
       out[col0 + col] = from_float<T>(v);
     }
   }
   if (a.lse != nullptr && tid_row == 0 && blockIdx.z == 0)
-    a.lse[b * a.lse_stride_batch + t * a.lse_stride_token + h * a.lse_stride_head] = merge.lse();
+    a.lse[b * a.lse_stride_batch + t * a.lse_stride_token + h * a.lse_stride_head] =
+        total > 0.0f ? row_max + __builtin_log2f(total) * kLn2 : neg_inf();
 }
 
 // The launch decode() makes: grid (batch, row groups, column slices), W warps per row.

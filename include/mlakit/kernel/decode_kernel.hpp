@@ -786,34 +786,18 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kCtasPerSm) decode_kernel(co
     extern __shared__ __align__(1024) unsigned char smem[];
     const int row_tile = static_cast<int>(blockIdx.x);
     const int cta = static_cast<int>(blockIdx.y);
-    CtaPlan cp;
-    int per_cta;
-    const RequestPlan* requests = p.ws.requests;
-    if (p.self_plan) {
-      // Small automatic-mode batches: every block computes the plan (the planner's passes,
-      // same arithmetic, same result in every block) into shared memory past the mainloop's
-      // bytes, instead of a planner launch. The combine reads the plan from the workspace:
-      // each request's first CTA of row tile 0 stores it there, CTA (0, 0) the header.
-      RequestPlan* req = reinterpret_cast<RequestPlan*>(smem + Tr::kSmemBytes);
-      const BlockPlan bp = plan_requests<Tr::kThreads>(p.a, p.shape, req);
-      per_cta = bp.per_cta;
-      cp = cta_plan_of(req, p.shape.batch, cta, per_cta, bp.total);
-      if (row_tile == 0) {
-        for (int b = static_cast<int>(threadIdx.x); b < p.shape.batch; b += Tr::kThreads)
-          if (req[b].first_cta == cta) p.ws.requests[b] = req[b];
-        if (cta == 0 && threadIdx.x == 0) store_plan_header(p.ws, bp);
-      }
-      requests = req;
-    } else {
-      cp = p.ws.ctas[cta];
-      per_cta = p.ws.header[1];
-    }
+    // Small automatic-mode batches: the plan is computed here, into shared memory past the
+    // mainloop's bytes, instead of by a planner launch.
+    const CtaWork work =
+        p.self_plan ? plan_for_block<Tr::kThreads>(
+                          p, reinterpret_cast<RequestPlan*>(smem + Tr::kSmemBytes), row_tile, cta)
+                    : planned_work(p, cta);
     DecodeMainloop<Tr> ml = DecodeMainloop<Tr>::of_tile(p, smem, row_tile);
     if (ml.row0 >= ml.rows) return;
-    for (int b = cp.req_begin; b <= cp.req_end; ++b) {
+    for (int b = work.cp.req_begin; b <= work.cp.req_end; ++b) {
       ml.b = b;
-      const RequestPlan rq = requests[b];
-      ml.run(rq, piece_of(p.shape, rq, cta, per_cta));
+      const RequestPlan rq = work.requests[b];
+      ml.run(rq, piece_of(p.shape, rq, cta, work.per_cta));
       block_sync();  // shared memory is reused by the next piece
     }
   }

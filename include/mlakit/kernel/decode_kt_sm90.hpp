@@ -86,12 +86,20 @@ struct KtConfig<16> {
   static constexpr int kWarpgroups = 1, kProducerWarps = 1, kStages = 2;
   static constexpr int kConsumerRegs = 0, kProducerRegs = 0;  // no hand-over
   static constexpr bool kSplitDims = false;
+  // Below kFp8CtasMinRowTiles requests x row tiles, in automatic mode: this kernel, planning
+  // for itself, rather than the self-planned mma.sync kernel (H200, 16 heads x q_len 1, whole
+  // call in a graph: batch 8 x kv 32768 at page 1 79.5 -> 64.2 us, batch 8 x kv 131072 261 ->
+  // 190, batch 1 x kv 131072 47.1 -> 43.1; about 0.5 us slower at batch 1 x kv 8192).
+  static constexpr bool kSelfPlanSmall = true;
 };
 template <>
 struct KtConfig<32> {
   static constexpr int kWarpgroups = 2, kProducerWarps = 4, kStages = 4;
   static constexpr int kConsumerRegs = 232, kProducerRegs = 40;
   static constexpr bool kSplitDims = false;
+  // Not below kFp8CtasMinRowTiles (same measurement, 16 heads x q_len 2): batch 8 x kv 32768
+  // gained 25%, but batch 1 and 8 at kv 8192 lost 20%; the mma.sync kernel keeps them.
+  static constexpr bool kSelfPlanSmall = false;
 };
 // 64 rows: O^T of all 512 dims would take 256 registers per thread, so the two consumer
 // warpgroups split the dims (warpgroup w accumulates dims [256 w, 256 w + 256)) and work on
@@ -103,6 +111,9 @@ struct KtConfig<64> {
   static constexpr int kWarpgroups = 2, kProducerWarps = 4, kStages = 3;
   static constexpr int kConsumerRegs = 240, kProducerRegs = 24;
   static constexpr bool kSplitDims = true;
+  // Not below kFp8CtasMinRowTiles: slower than the warp-specialized kernel there except at
+  // batch 8 x kv >= 32768 (16 heads x q_len 4 and 8, H200).
+  static constexpr bool kSelfPlanSmall = false;
 };
 
 // Dynamic shared memory of the keys-as-M mainloop (16 rows: 94 KB, two CTAs per SM; 32 rows:
@@ -162,8 +173,13 @@ struct KtMainloop {
   static constexpr int kMbOwn = kSplitDims ? 4 : 8;  // 64-dim blocks of O^T a warpgroup holds
   static_assert((kRows == 16 || kRows == 32 || kRows == 64) && Tr::kFp8Operands,
                 "16, 32 or 64 rows of e4m3fn KV");
-  static_assert(kCtasPerSm * (sizeof(SharedStorage) + sizeof(StaticStorage) + 1024) <= 233472,
-                "the CTAs fit the 228 KB of an sm_90 SM");
+  // Dynamic shared memory of the kernel that uses the planner's plan, and of the one that
+  // plans for itself (the plan follows the mainloop's bytes).
+  static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
+  static constexpr int kSelfPlanSmemBytes = kSmemBytes + kSelfPlanBytes;
+  static constexpr int kCtaBytes =  // per CTA: both parts, the planner's, the 1 KB reserve
+      kSelfPlanSmemBytes + static_cast<int>(sizeof(StaticStorage)) + kSelfPlanStaticSlack + 1024;
+  static_assert(kCtasPerSm * kCtaBytes <= 233472, "the CTAs fit the 228 KB of an sm_90 SM");
   static_assert(Cfg::kConsumerRegs == 0 ||
                     kConsumerThreads * Cfg::kConsumerRegs + kProducerThreads * Cfg::kProducerRegs <=
                         kThreads * (65536 / kThreads / 8 * 8),
@@ -864,8 +880,11 @@ struct KtMainloop {
 };
 
 // The kernel of the keys-as-M mainloop: same grid, plan and workspace as decode_kernel<Tr>
-// (planned for KtMainloop<Tr>::kCtasPerSm CTAs per SM).
-template <class Tr>
+// (planned for KtMainloop<Tr>::kCtasPerSm CTAs per SM). SelfPlan: the kernel that plans for
+// itself (KtConfig::kSelfPlanSmall), a kernel of its own so that the planner's code and
+// shared memory stay out of the one large batches run (in one kernel behind a run-time flag
+// they cost 2.4% at 16 heads x q_len 1, batch 128, H200).
+template <class Tr, bool SelfPlan = false>
 __global__ void __launch_bounds__(KtMainloop<Tr>::kThreads, KtMainloop<Tr>::kCtasPerSm)
     decode_kernel_kt(const KernelArgs p) {
 #if defined(MLAKIT_WGMMA_ENABLED)
@@ -875,8 +894,14 @@ __global__ void __launch_bounds__(KtMainloop<Tr>::kThreads, KtMainloop<Tr>::kCta
   typename ML::SharedStorage& ss = *reinterpret_cast<typename ML::SharedStorage*>(smem);
   const int row_tile = static_cast<int>(blockIdx.x);
   const int cta = static_cast<int>(blockIdx.y);
-  const CtaPlan cp = p.ws.ctas[cta];
-  const int per_cta = p.ws.header[1];
+  // Small automatic-mode batches (SelfPlan): the plan is computed here, into shared memory
+  // past the mainloop's bytes, instead of by a planner launch.
+  CtaWork work;
+  if constexpr (SelfPlan)
+    work = plan_for_block<ML::kThreads>(p, reinterpret_cast<RequestPlan*>(smem + ML::kSmemBytes),
+                                        row_tile, cta);
+  else
+    work = planned_work(p, cta);
   DecodeMainloop<Tr> dm = DecodeMainloop<Tr>::of_tile(p, smem, row_tile);
   if (dm.row0 >= dm.rows) return;
   if (threadIdx.x == 0) {
@@ -892,18 +917,18 @@ __global__ void __launch_bounds__(KtMainloop<Tr>::kThreads, KtMainloop<Tr>::kCta
   typename ML::State st;
   if (threadIdx.x >= ML::kConsumerThreads) {
     if constexpr (ML::Cfg::kProducerRegs > 0) arch::setmaxnreg_dec<ML::Cfg::kProducerRegs>();
-    for (int b = cp.req_begin; b <= cp.req_end; ++b) {
+    for (int b = work.cp.req_begin; b <= work.cp.req_end; ++b) {
       dm.b = b;
-      const RequestPlan rq = p.ws.requests[b];
-      ml.produce(ml.range(rq, piece_of(p.shape, rq, cta, per_cta)), st);
+      const RequestPlan rq = work.requests[b];
+      ml.produce(ml.range(rq, piece_of(p.shape, rq, cta, work.per_cta)), st);
     }
   } else {
     if constexpr (ML::Cfg::kConsumerRegs > 0) arch::setmaxnreg_inc<ML::Cfg::kConsumerRegs>();
     const int w = static_cast<int>(threadIdx.x) / 128;
-    for (int b = cp.req_begin; b <= cp.req_end; ++b) {
+    for (int b = work.cp.req_begin; b <= work.cp.req_end; ++b) {
       dm.b = b;
-      const RequestPlan rq = p.ws.requests[b];
-      const Piece pc = piece_of(p.shape, rq, cta, per_cta);
+      const RequestPlan rq = work.requests[b];
+      const Piece pc = piece_of(p.shape, rq, cta, work.per_cta);
       ml.consume(rq, pc, ml.range(rq, pc), st, w);
     }
   }

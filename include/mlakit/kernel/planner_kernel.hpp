@@ -127,6 +127,36 @@ __device__ inline void store_plan_header(const WorkspaceView& ws, const BlockPla
   ws.header[2] = bp.partials;
 }
 
+// The work of one decode-kernel CTA: its request range, the budget per CTA and the requests'
+// plans it reads.
+struct CtaWork {
+  CtaPlan cp;
+  int per_cta;
+  const RequestPlan* requests;
+};
+
+// The work the planner kernel wrote to the workspace for CTA `cta`.
+__device__ inline CtaWork planned_work(const KernelArgs& p, int cta) {
+  return CtaWork{p.ws.ctas[cta], p.ws.header[1], p.ws.requests};
+}
+
+// A decode kernel that plans for itself (small automatic-mode batches, no planner launch):
+// every block of `Threads` threads runs the planner's passes (same functions, same plan in
+// every block) into `req`, RequestPlan[batch] in its shared memory, and works from there. The
+// combine reads the plan from the workspace: each request's first CTA of row tile 0 stores it
+// there, CTA (0, 0) the header. Every thread of the block must call it.
+template <int Threads>
+__device__ CtaWork plan_for_block(const KernelArgs& p, RequestPlan* req, int row_tile, int cta) {
+  const BlockPlan bp = plan_requests<Threads>(p.a, p.shape, req);
+  const CtaWork w{cta_plan_of(req, p.shape.batch, cta, bp.per_cta, bp.total), bp.per_cta, req};
+  if (row_tile == 0) {
+    for (int b = static_cast<int>(threadIdx.x); b < p.shape.batch; b += Threads)
+      if (req[b].first_cta == cta) p.ws.requests[b] = req[b];
+    if (cta == 0 && threadIdx.x == 0) store_plan_header(p.ws, bp);
+  }
+  return w;
+}
+
 template <int Threads = kPlannerThreads>
 __global__ void __launch_bounds__(Threads)
     plan_kernel(DecodeArgs a, PlanShape shape, WorkspaceView ws) {
