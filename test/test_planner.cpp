@@ -508,6 +508,88 @@ TEST_CASE("LseMerge: merging split softmaxes equals the unsplit softmax", "[plan
   CHECK(worst_lse <= 1e-5);
 }
 
+TEST_CASE("LseMerge: batch steps and state merges give the part-by-part merge", "[planner]") {
+  // The combine kernel's form: parts dealt to W groups in turn, each group walks its parts k
+  // at a time (raise_max with the batch's largest LSE, rescale the weighted sum, add_below_max
+  // per part), then the groups' states are merged (max first, then merge in group order) and
+  // each group's weighted sum is scaled by weight(group max). It must give the LSE and the
+  // merged output of add() + weight() part by part.
+  std::mt19937_64 g(0x5eed0004);
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  double worst_lse = 0, worst_o = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int n = 1 + int(g() % 300);
+    const int W = 1 << int(g() % 4), k = 1 + int(g() % 8);
+    const double spread = trial % 3 == 0 ? 60.0 : 6.0;
+    std::vector<float> lse(n), o(n);
+    for (int i = 0; i < n; ++i) {
+      lse[i] = g() % 7 == 0 ? ninf : float(spread * u(g));
+      o[i] = float(u(g));
+    }
+    LseMerge ref;
+    for (float x : lse) ref.add(x);
+    double ref_o = 0;
+    for (int i = 0; i < n; ++i) ref_o += double(ref.weight(lse[i])) * o[i];
+
+    std::vector<LseMerge> st(W);
+    std::vector<float> acc(W, 0.0f);
+    for (int w = 0; w < W; ++w) {
+      std::vector<int> mine;
+      for (int i = w; i < n; i += W) mine.push_back(i);
+      for (std::size_t p0 = 0; p0 < mine.size(); p0 += k) {
+        const std::size_t end = std::min(mine.size(), p0 + k);
+        float bm = ninf;
+        for (std::size_t p = p0; p < end; ++p) bm = std::max(bm, lse[mine[p]]);
+        if (bm == ninf) continue;
+        const bool was_empty = st[w].max_lse == ninf;
+        const float f = st[w].raise_max(bm);
+        if (was_empty) CHECK(f == 0.0f);  // first batch with a key: acc is dropped
+        acc[w] *= f;
+        for (std::size_t p = p0; p < end; ++p)
+          acc[w] += st[w].add_below_max(lse[mine[p]]) * o[mine[p]];
+      }
+    }
+    LseMerge row;
+    for (int w = 0; w < W; ++w) row.raise_max(st[w].max_lse);
+    for (int w = 0; w < W; ++w) row.merge(st[w]);
+    double got_o = 0;
+    for (int w = 0; w < W; ++w) got_o += double(row.weight(st[w].max_lse)) * acc[w];
+    if (ref.lse() == ninf) {
+      CHECK(row.lse() == ninf);
+      CHECK(got_o == 0.0);
+      continue;
+    }
+    const double lse_err = std::fabs(double(row.lse()) - double(ref.lse()));
+    const double o_err = std::fabs(got_o - ref_o);
+    worst_lse = std::max(worst_lse, lse_err);
+    worst_o = std::max(worst_o, o_err);
+    if (lse_err > 1e-5 || o_err > 1e-5) {
+      INFO("trial " << trial << " n " << n << " W " << W << " k " << k);
+      CHECK(lse_err <= 1e-5);
+      CHECK(o_err <= 1e-5);
+    }
+  }
+  INFO("worst lse error " << worst_lse << ", worst output error " << worst_o);
+  CHECK(worst_lse <= 1e-5);
+  CHECK(worst_o <= 1e-5);
+  // raise_max: no move gives 1 and changes nothing; a move rescales the sum.
+  LseMerge m;
+  CHECK(m.raise_max(ninf) == 1.0f);
+  CHECK(m.raise_max(2.0f) == 0.0f);
+  CHECK(m.add_below_max(2.0f) == 1.0f);
+  CHECK(m.raise_max(1.0f) == 1.0f);
+  CHECK(m.max_lse == 2.0f);
+  const float f = m.raise_max(2.0f + float(std::log(4.0)));
+  CHECK(f == Approx(0.25).epsilon(1e-6));
+  CHECK(m.sum == Approx(0.25).epsilon(1e-6));
+  LseMerge e;
+  e.merge(LseMerge{});  // merging an empty state changes nothing
+  CHECK(e.lse() == ninf);
+  e.merge(m);
+  CHECK(e.lse() == Approx(m.lse()).epsilon(1e-7));
+}
+
 TEST_CASE("LseMerge: -inf parts are ignored, all -inf gives -inf and zero weights", "[planner]") {
   const float ninf = -std::numeric_limits<float>::infinity();
   LseMerge none;

@@ -64,11 +64,38 @@ struct LseMerge {
       sum += __builtin_exp2f((lse - max_lse) * kLog2e);
     }
   }
-  // Adds a part to the sum when max_lse is already the largest LSE of all parts (set first,
-  // e.g. by a parallel max): no rescaling, so parts may be summed in any fixed order.
-  MLAKIT_HOST_DEVICE void add_below_max(float lse) {
-    if (lse != neg_inf()) sum += __builtin_exp2f((lse - max_lse) * kLog2e);
+  // Raises max_lse to m (nothing when m is not larger) and returns the factor by which sums
+  // kept relative to the old max must be multiplied: 1 when the max did not move, 0 while no
+  // part was seen. A merge that adds parts in batches calls it once per batch with the
+  // batch's largest LSE, rescales its weighted outputs by the factor, then adds the batch's
+  // parts with add_below_max.
+  MLAKIT_HOST_DEVICE float raise_max(float m) {
+    if (!(m > max_lse)) return 1.0f;
+    const float f = max_lse == neg_inf() ? 0.0f : __builtin_exp2f((max_lse - m) * kLog2e);
+    sum *= f;
+    max_lse = m;
+    return f;
   }
+  // Adds a part whose LSE is at most max_lse (set first by raise_max or a parallel max): no
+  // rescaling, so parts may be summed in any fixed order. Returns the part's weight relative
+  // to max_lse, exp(lse - max_lse) (0 for -inf), which multiplies its output in the sum.
+  MLAKIT_HOST_DEVICE float add_below_max(float lse) {
+    if (lse == neg_inf()) return 0.0f;
+    const float w = __builtin_exp2f((lse - max_lse) * kLog2e);
+    sum += w;
+    return w;
+  }
+  // Adds the state of other parts (their max and sum) whose max is at most max_lse (raise_max
+  // first with the largest of the states' maxima): returns the factor exp(o.max_lse - max_lse)
+  // that scales their weighted outputs into this state (0 when o saw no part).
+  MLAKIT_HOST_DEVICE float merge_below_max(const LseMerge& o) {
+    if (o.max_lse == neg_inf()) return 0.0f;
+    const float f = __builtin_exp2f((o.max_lse - max_lse) * kLog2e);
+    sum += o.sum * f;
+    return f;
+  }
+  // 1 / sum, the normalisation of the merged output (0 when no part saw a key).
+  MLAKIT_HOST_DEVICE float inv_sum() const { return sum > 0.0f ? 1.0f / sum : 0.0f; }
   // Merged natural-log LSE; -inf when no part saw a key.
   MLAKIT_HOST_DEVICE float lse() const {
     return sum > 0.0f ? max_lse + __builtin_log2f(sum) * kLn2 : neg_inf();

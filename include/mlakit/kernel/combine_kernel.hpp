@@ -80,15 +80,16 @@ __global__ void __launch_bounds__(kCombineThreads)
   const std::int64_t first = std::int64_t(r.partial_base) * stride + row;
   const int tid_row = sub * kWarpSize + lane, threads_row = W * kWarpSize;
 
-  // One pass: each warp merges its pieces online (running max m, sum l and the weighted sum
-  // acc, all relative to m), so no load waits for the row's merged LSE. The pieces are walked
-  // kPieces at a time (8 float4 per lane): every load of a batch (LSE and O) is issued before
-  // any is used, so a warp waits for memory once per batch; the batch's largest LSE rescales
-  // acc and l once, then its pieces are added in increasing order. Pieces that saw no key
-  // (LSE -inf) add nothing. Column of float4 j of this lane: col0 + 4 * (lane + j * kWarpSize).
+  // One pass: each warp merges its pieces online (LseMerge: running max and sum, and the
+  // weighted sum acc of their outputs, all relative to the max), so no load waits for the
+  // row's merged LSE. The pieces are walked kPieces at a time (8 float4 per lane): every load
+  // of a batch (LSE and O) is issued before any is used, so a warp waits for memory once per
+  // batch; the batch's largest LSE rescales acc and the sum once, then its pieces are added
+  // in increasing order. Pieces that saw no key (LSE -inf) add nothing. Column of float4 j of
+  // this lane: col0 + 4 * (lane + j * kWarpSize).
   constexpr int kPieces = 8 / vecs;  // vecs is 1, 2 or 4
   const int mine = n > sub ? (n - sub + W - 1) / W : 0;  // pieces of this warp
-  float m = neg_inf(), l = 0.0f;
+  LseMerge st;  // the same in every lane of the warp (every lane reads the same LSEs)
   float acc[4 * vecs];
 #pragma unroll
   for (int j = 0; j < 4 * vecs; ++j) acc[j] = 0.0f;
@@ -107,23 +108,19 @@ __global__ void __launch_bounds__(kCombineThreads)
         for (int j = 0; j < vecs; ++j) v_u[u][j] = src[j * kWarpSize];
       }
     }
-    float bm = m;  // the same in every lane of the warp (every lane read the same LSEs)
+    float bm = neg_inf();
 #pragma unroll
     for (int u = 0; u < kPieces; ++u) bm = fmaxf(bm, lse_u[u]);
-    if (bm == neg_inf()) continue;  // no piece so far saw a key
-    // Rescale to the new maximum (m is -inf only while acc and l are 0: the factor is 0).
-    if (bm != m) {
-      const float f = __builtin_exp2f((m - bm) * kLog2e);
-      l *= f;
+    if (bm == neg_inf()) continue;  // no piece of the batch saw a key
+    const float f = st.raise_max(bm);  // 0 while acc is still empty
+    if (f != 1.0f) {
 #pragma unroll
       for (int j = 0; j < 4 * vecs; ++j) acc[j] *= f;
-      m = bm;
     }
 #pragma unroll
     for (int u = 0; u < kPieces; ++u) {
       if (lse_u[u] != neg_inf()) {
-        const float w = __builtin_exp2f((lse_u[u] - m) * kLog2e);
-        l += w;
+        const float w = st.add_below_max(lse_u[u]);
 #pragma unroll
         for (int j = 0; j < vecs; ++j) {
           const float4 v = v_u[u][j];
@@ -135,27 +132,30 @@ __global__ void __launch_bounds__(kCombineThreads)
       }
     }
   }
-  // The row's warps merge in order: M = their largest m, each warp's terms scaled by
-  // 2^((m_k - M) log2 e); a warp that saw no key has factor 0.
-  float total = l, row_max = m;
+  // The row's warps merge in order: the row's max M first, then each warp's state; warp k's
+  // output is scaled by exp(m_k - M) / L (0 for a warp that saw no key).
+  LseMerge merged = st;
+  float fac[kCombineWarps] = {};  // unrolled with k < W guards: stays in registers
+  fac[0] = 1.0f;
   if (W > 1) {  // W is the same in the whole block: every thread reaches the barrier
 #pragma unroll
     for (int j = 0; j < vecs; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) part[warp][4 * (lane + j * kWarpSize) + e] = acc[4 * j + e];
     if (lane == 0) {
-      red_m[warp] = m;
-      red_l[warp] = l;
+      red_m[warp] = st.max_lse;
+      red_l[warp] = st.sum;
     }
     block_sync();
-    row_max = red_m[lead];
+    float row_max = red_m[lead];
     for (int k = 1; k < W; ++k) row_max = fmaxf(row_max, red_m[lead + k]);
-    total = 0.0f;
-    for (int k = 0; k < W; ++k)
-      if (red_m[lead + k] != neg_inf())
-        total += red_l[lead + k] * __builtin_exp2f((red_m[lead + k] - row_max) * kLog2e);
+    merged = LseMerge{};
+    merged.raise_max(row_max);
+#pragma unroll
+    for (int k = 0; k < kCombineWarps; ++k)
+      fac[k] = k < W ? merged.merge_below_max(LseMerge{red_m[lead + k], red_l[lead + k]}) : 0.0f;
   }
-  const float inv = total > 0.0f ? 1.0f / total : 0.0f;  // 0: no piece of the row saw a key
+  const float inv = merged.inv_sum();
   if (!valid) return;
   const int t = row / a.num_heads, h = row % a.num_heads;
   T* out =
@@ -168,19 +168,18 @@ __global__ void __launch_bounds__(kCombineThreads)
       for (int e = 0; e < 4; ++e) out[col + e] = from_float<T>(acc[4 * j + e] * inv);
     }
   } else {
-    const auto factor = [&](int k) {  // warp k's scale into the row's merged output
-      const float mk = red_m[lead + k];
-      return mk != neg_inf() ? __builtin_exp2f((mk - row_max) * kLog2e) * inv : 0.0f;
-    };
+#pragma unroll
+    for (int k = 0; k < kCombineWarps; ++k) fac[k] *= inv;
     for (int col = tid_row; col < kHeadDimV / col_splits; col += threads_row) {
-      float v = part[lead][col] * factor(0);
-      for (int k = 1; k < W; ++k) v += part[lead + k][col] * factor(k);
+      float v = part[lead][col] * fac[0];
+#pragma unroll
+      for (int k = 1; k < kCombineWarps; ++k)
+        if (k < W) v += part[lead + k][col] * fac[k];
       out[col0 + col] = from_float<T>(v);
     }
   }
   if (a.lse != nullptr && tid_row == 0 && blockIdx.z == 0)
-    a.lse[b * a.lse_stride_batch + t * a.lse_stride_token + h * a.lse_stride_head] =
-        total > 0.0f ? row_max + __builtin_log2f(total) * kLn2 : neg_inf();
+    a.lse[b * a.lse_stride_batch + t * a.lse_stride_token + h * a.lse_stride_head] = merged.lse();
 }
 
 // The launch decode() makes: grid (batch, row groups, column slices), W warps per row.
