@@ -227,10 +227,11 @@ void check_combine_once(const CombineCase& c) {
   std::vector<std::uint8_t> image(wl.bytes, 0xFF);
   std::memcpy(image.data() + wl.plan.requests_offset, h.requests.data(),
               h.requests.size() * sizeof(RequestPlan));
-  float* po = reinterpret_cast<float*>(image.data() + wl.partial_o_offset);
+  // Partial outputs are stored in the output type (16 bits); NaN in both is 0xFFFF.
+  std::uint16_t* po = reinterpret_cast<std::uint16_t*>(image.data() + wl.partial_o_offset);
   float* pl = reinterpret_cast<float*>(image.data() + wl.partial_lse_offset);
   const std::int64_t slots = shape.max_partials();
-  std::fill(po, po + slots * rows_padded * kHeadDimV, NAN);
+  std::fill(po, po + slots * rows_padded * kHeadDimV, std::uint16_t(0xFFFF));
   std::fill(pl, pl + slots * rows_padded, NAN);
   for (int b = 0; b < batch; ++b) {
     const RequestPlan& r = h.requests[b];
@@ -243,7 +244,8 @@ void check_combine_once(const CombineCase& c) {
         const bool empty = pc.kv_end == pc.kv_begin || row == dead_row || g() % 8 == 0;
         pl[sr] = empty ? -INFINITY : 15.0f * u(g);
         const float amplitude = empty ? 3.0f : 2.0f;
-        for (int d = 0; d < kHeadDimV; ++d) po[sr * kHeadDimV + d] = amplitude * u(g);
+        for (int d = 0; d < kHeadDimV; ++d)
+          po[sr * kHeadDimV + d] = encode16(c.q_type, amplitude * u(g));
       }
     }
   }
@@ -314,8 +316,9 @@ void check_combine_once(const CombineCase& c) {
           const std::int64_t sr = std::int64_t(r.partial_base + i) * rows_padded + row;
           if (pl[sr] == -INFINITY) continue;
           const double w = std::exp(double(pl[sr]) - L);
-          ref += w * po[sr * kHeadDimV + d];
-          mag += w * std::fabs(po[sr * kHeadDimV + d]);
+          const double v = decode16(c.q_type, po[sr * kHeadDimV + d]);
+          ref += w * v;
+          mag += w * std::fabs(v);
         }
         const double got = decode16(c.q_type, out[obase + d]);
         const double e = std::fabs(got - ref);

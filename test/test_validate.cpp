@@ -582,8 +582,8 @@ TEST_CASE("workspace_bytes depends on batch, heads, q_len, split mode and device
         CHECK(workspace_bytes(b, dev) == ws);
 
         // Room for the worst split: fixed mode cuts every request into num_splits pieces,
-        // each with fp32 O [rows, 512] and LSE [rows].
-        const std::size_t per_slot = std::size_t(a.rows()) * (kHeadDimV + 1) * 4;
+        // each with O [rows, 512] in the output type (2 bytes) and fp32 LSE [rows].
+        const std::size_t per_slot = std::size_t(a.rows()) * (kHeadDimV * 2 + 4);
         if (m == SplitMode::fixed && a.num_splits > 1)
           CHECK(ws >= std::size_t(a.batch) * a.num_splits * per_slot);
         // Automatic mode: whatever the lengths, the plan fits the partial slots reserved.

@@ -101,20 +101,23 @@ __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
 #endif
 }
 
-#if defined(MLAKIT_PLATFORM_CUDA)
 // The inverse of pack2: the two 16-bit values of a b32 pair as floats (exact).
 template <class T>
 __device__ __forceinline__ void unpack2(std::uint32_t w, float& lo, float& hi) {
   if constexpr (DTypeOf<T>::value == DType::bf16) {
-    lo = __uint_as_float(w << 16);
-    hi = __uint_as_float(w & 0xFFFF0000u);
+    lo = bits_to_float(w << 16);
+    hi = bits_to_float(w & 0xFFFF0000u);
   } else {
+#if defined(MLAKIT_PLATFORM_CUDA)
     const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w));
     lo = f.x;
     hi = f.y;
+#else
+    lo = to_float(fp16_t{std::uint16_t(w & 0xFFFFu)});
+    hi = to_float(fp16_t{std::uint16_t(w >> 16)});
+#endif
   }
 }
-#endif
 
 #if defined(MLAKIT_PLATFORM_CUDA)
 // Two e4m3fn bytes (low byte first) -> two floats, through the native cvt (sm_89+: exact for

@@ -1,6 +1,6 @@
 #pragma once
-// Merges the fp32 partial outputs of split requests (LSE-weighted) into O and the optional
-// LSE. A block of 256 threads serves one request, 256 / (32 W) rows of it and 512 / C of the
+// Merges the partial outputs of split requests (in the output type, LSE-weighted, in fp32)
+// into O and the optional LSE. A block of 256 threads serves one request, 256 / (32 W) rows of it and 512 / C of the
 // output columns: W warps per row (1, 2, 4 or 8; W = 1 is one warp per row) and C column
 // slices (1, 2 or 4; each block of a row reads all of the row's LSEs, n floats). The
 // pieces of a row go to its warps in turn (piece i to warp i mod W), each warp merging its
@@ -10,6 +10,7 @@
 // the plan's shape (combine_layout), never from kv_len values. Column slices change no sum.
 // Every sum has a fixed order (per warp in piece order, then over the row's warps in order):
 // results are bitwise the same on every run. Requests that were not split return at once.
+#include "../arch/convert.hpp"
 #include "../core/attention_math.hpp"
 #include "../core/numeric.hpp"
 #include "../core/plan.hpp"
@@ -24,7 +25,7 @@ namespace mlakit::detail {
 inline constexpr int kCombineThreads = 256;
 inline constexpr int kCombineWarps = kCombineThreads / kWarpSize;
 
-// Most column slices: one float4 per lane and piece.
+// Most column slices: one group of 4 columns per lane and piece.
 inline constexpr int kCombineMaxColSplits = kHeadDimV / kWarpSize / 4;
 
 struct CombineLayout {
@@ -55,18 +56,19 @@ inline CombineLayout combine_layout(const PlanShape& shape, int rows, int sm_cou
   return l;
 }
 
-// One kernel per column-slice count C (1, 2 or 4): the float4s per lane of a slice, and so
+// One kernel per column-slice count C (1, 2 or 4): the 4-column groups per lane of a slice, and so
 // how many pieces the loop below loads at once, are compile-time numbers.
 template <class T, int C>
 __global__ void __launch_bounds__(kCombineThreads)
     combine_kernel(DecodeArgs a, WorkspaceView ws, int warps_per_row) {
-  constexpr int kVecPerLane = kHeadDimV / kWarpSize / 4;  // float4s per lane: 4 or 2 (AMD)
+  constexpr int kVecPerLane = kHeadDimV / kWarpSize / 4;  // 4-column groups per lane: 4 or 2
+                                                          // (AMD)
   constexpr int col_splits = C;
-  static_assert(C >= 1 && C <= kCombineMaxColSplits, "column slices of one float4 or more");
+  static_assert(C >= 1 && C <= kCombineMaxColSplits, "column slices of one 4-column group per lane or more");
   __shared__ float red_m[kCombineWarps], red_l[kCombineWarps];
   __shared__ float part[kCombineWarps][kHeadDimV];
   const int b = static_cast<int>(blockIdx.x);
-  constexpr int vecs = kVecPerLane / col_splits;  // float4s per lane in this block's slice
+  constexpr int vecs = kVecPerLane / col_splits;  // 4-column groups per lane in this slice
   const int col0 = static_cast<int>(blockIdx.z) * (kHeadDimV / col_splits);
   const RequestPlan r = ws.requests[b];
   if (r.num_pieces <= 1) return;  // written directly by the decode kernel (whole block)
@@ -82,11 +84,11 @@ __global__ void __launch_bounds__(kCombineThreads)
 
   // One pass: each warp merges its pieces online (LseMerge: running max and sum, and the
   // weighted sum acc of their outputs, all relative to the max), so no load waits for the
-  // row's merged LSE. The pieces are walked kPieces at a time (8 float4 per lane): every load
-  // of a batch (LSE and O) is issued before any is used, so a warp waits for memory once per
-  // batch; the batch's largest LSE rescales acc and the sum once, then its pieces are added
-  // in increasing order. Pieces that saw no key (LSE -inf) add nothing. Column of float4 j of
-  // this lane: col0 + 4 * (lane + j * kWarpSize).
+  // row's merged LSE. The pieces are walked kPieces at a time (8 loads of 4 columns, 8 bytes,
+  // per lane): every load of a batch (LSE and O) is issued before any is used, so a warp
+  // waits for memory once per batch; the batch's largest LSE rescales acc and the sum once,
+  // then its pieces are added in increasing order. Pieces that saw no key (LSE -inf) add
+  // nothing. Columns of group j of this lane: col0 + 4 * (lane + j * kWarpSize) + 0..3.
   constexpr int kPieces = 8 / vecs;  // vecs is 1, 2 or 4
   const int mine = n > sub ? (n - sub + W - 1) / W : 0;  // pieces of this warp
   LseMerge st;  // the same in every lane of the warp (every lane reads the same LSEs)
@@ -95,15 +97,15 @@ __global__ void __launch_bounds__(kCombineThreads)
   for (int j = 0; j < 4 * vecs; ++j) acc[j] = 0.0f;
   for (int p0 = 0; p0 < mine; p0 += kPieces) {
     float lse_u[kPieces];
-    float4 v_u[kPieces][vecs];
+    uint2 v_u[kPieces][vecs];  // 4 values of the output type each
 #pragma unroll
     for (int u = 0; u < kPieces; ++u) {
       lse_u[u] = neg_inf();
       if (p0 + u < mine) {
         const std::int64_t slot = first + std::int64_t(sub + (p0 + u) * W) * stride;
         lse_u[u] = ws.partial_lse[slot];
-        const float4* src =
-            reinterpret_cast<const float4*>(ws.partial_o + slot * kHeadDimV + col0) + lane;
+        const uint2* src =
+            reinterpret_cast<const uint2*>(ws.partial_o + slot * kHeadDimV + col0) + lane;
 #pragma unroll
         for (int j = 0; j < vecs; ++j) v_u[u][j] = src[j * kWarpSize];
       }
@@ -123,11 +125,13 @@ __global__ void __launch_bounds__(kCombineThreads)
         const float w = st.add_below_max(lse_u[u]);
 #pragma unroll
         for (int j = 0; j < vecs; ++j) {
-          const float4 v = v_u[u][j];
-          acc[4 * j + 0] += w * v.x;
-          acc[4 * j + 1] += w * v.y;
-          acc[4 * j + 2] += w * v.z;
-          acc[4 * j + 3] += w * v.w;
+          float v0, v1, v2, v3;
+          arch::unpack2<T>(v_u[u][j].x, v0, v1);
+          arch::unpack2<T>(v_u[u][j].y, v2, v3);
+          acc[4 * j + 0] += w * v0;
+          acc[4 * j + 1] += w * v1;
+          acc[4 * j + 2] += w * v2;
+          acc[4 * j + 3] += w * v3;
         }
       }
     }

@@ -13,7 +13,8 @@
 //     mask (causal / piece end) only on tiles that reach a row's limit
 //     online softmax in base 2     row max shared across the cg warps through sMax
 //     P -> sP (compute type)       then O[rows rg, cols cg*VCols..] += P V (V = K[:, :512])
-//   O / l * kv_scale -> out (unsplit) or fp32 partial + LSE (split; combine_kernel merges)
+//   O / l * kv_scale -> out (unsplit) or the partial slot in the output type + LSE (split;
+//   combine_kernel merges)
 // e4m3fn KV on NVIDIA ("e4m3 operand mode"): the tiles stay raw, the matrix atom widens its
 // fragments to f16 right before the mma, and Q is stored in f16 with a power-of-two scale
 // per row that the softmax scale undoes.
@@ -214,17 +215,21 @@ struct DecodeMainloop {
     return a.page_ids == PageIds::block_table ? a.block_table + b * a.block_table_stride
                                               : a.kv_indices + a.kv_indptr[b];
   }
-  // Epilogue addresses, used by every mainloop: row `row` (< rows) of the split piece's fp32
-  // partial output, of request b's output in the Q type, and the row's LSE (the piece's
-  // partial slot, or the caller's array when it gave one).
-  __device__ __forceinline__ float* partial_o_row(const Piece& pc, int row) const {
-    return p.ws.partial_o + (std::int64_t(pc.partial_slot) * p.ws.rows_padded + row) * kHeadDimV;
+  // Epilogue addresses, used by every mainloop: row `row` (< rows) of the split piece's
+  // partial output or of request b's output (both in the Q type; o_row picks by `split`), and
+  // the row's LSE (the piece's partial slot, or the caller's array when it gave one).
+  __device__ __forceinline__ Tq* partial_o_row(const Piece& pc, int row) const {
+    return reinterpret_cast<Tq*>(p.ws.partial_o) +
+           (std::int64_t(pc.partial_slot) * p.ws.rows_padded + row) * kHeadDimV;
   }
   __device__ __forceinline__ Tq* out_row(int row) const {
     const DecodeArgs& a = p.a;
     const int t = row / heads, h = row - t * heads;
     return static_cast<Tq*>(a.out) + b * a.o_stride_batch + t * a.o_stride_token +
            h * a.o_stride_head;
+  }
+  __device__ __forceinline__ Tq* o_row(const Piece& pc, bool split, int row) const {
+    return split ? partial_o_row(pc, row) : out_row(row);
   }
   __device__ __forceinline__ void store_lse(const Piece& pc, bool split, int row,
                                             float lse) const {
@@ -711,49 +716,44 @@ struct DecodeMainloop {
     }
     const bool split = pc.partial_slot >= 0;
     const int vcol0 = cg * Tr::kVColsPerWarp;
+    // Each row's destination (partial slot or output) once per row, not per store; null for
+    // rows past the request's.
+    const auto dst_of = [&](int row) { return row < rows ? o_row(pc, split, row) : nullptr; };
     if constexpr (Tr::kFp8Operands) {
       // Lane (g, t) holds columns 16c + 4t .. +3 of rows g and g + 8 in n-tiles 2c, 2c + 1.
+      Tq* dst_h[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) dst_h[h] = dst_of(row0 + r0 + (lane >> 2) + 8 * h);
 #pragma unroll
       for (int c = 0; c < Tr::kNTilesO / 2; ++c) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int row = row0 + r0 + (lane >> 2) + 8 * h;
-          if (row >= rows) continue;
+          if (dst_h[h] == nullptr) continue;
           const int col = vcol0 + 16 * c + 4 * (lane & 3);
           const float f = inv[h];
           const float v0 = o[2 * c][2 * h] * f, v1 = o[2 * c + 1][2 * h] * f;
           const float v2 = o[2 * c][2 * h + 1] * f, v3 = o[2 * c + 1][2 * h + 1] * f;
-          if (split)
-            *reinterpret_cast<float4*>(partial_o_row(pc, row) + col) = make_float4(v0, v1, v2, v3);
-          else
-            *reinterpret_cast<uint2*>(out_row(row) + col) =
-                make_uint2(arch::pack2<Tq>(v0, v1), arch::pack2<Tq>(v2, v3));
+          *reinterpret_cast<uint2*>(dst_h[h] + col) =
+              make_uint2(arch::pack2<Tq>(v0, v1), arch::pack2<Tq>(v2, v3));
         }
       }
     } else {
+      Tq* dst_sl[kSlots];  // element i of a C tile is in row slot_row(row_slot(i))
+#pragma unroll
+      for (int sl = 0; sl < kSlots; ++sl) dst_sl[sl] = dst_of(row0 + r0 + Atom::slot_row(sl, lane));
 #pragma unroll
       for (int n = 0; n < Tr::kNTilesO; ++n) {
 #pragma unroll
         for (int i = 0; i < Atom::kAccPerLane; i += Atom::kAccPairStride) {
-          const int row = row0 + r0 + Atom::acc_row(i, lane);
-          if (row >= rows) continue;
+          if (dst_sl[Atom::row_slot(i)] == nullptr) continue;
           const int col = vcol0 + n * Atom::kN + Atom::acc_col(i, lane);
           const float v0 = o[n][i] * inv[Atom::row_slot(i)];
-          if (split) {
-            float* dst = partial_o_row(pc, row) + col;
-            if constexpr (Atom::kAccPairStride == 2)
-              *reinterpret_cast<float2*>(dst) =
-                  make_float2(v0, o[n][i + 1] * inv[Atom::row_slot(i)]);
-            else
-              *dst = v0;
-          } else {
-            Tq* dst = out_row(row) + col;
-            if constexpr (Atom::kAccPairStride == 2)
-              *reinterpret_cast<std::uint32_t*>(dst) =
-                  arch::pack2<Tq>(v0, o[n][i + 1] * inv[Atom::row_slot(i)]);
-            else
-              *dst = from_float<Tq>(v0);
-          }
+          Tq* dst = dst_sl[Atom::row_slot(i)] + col;
+          if constexpr (Atom::kAccPairStride == 2)
+            *reinterpret_cast<std::uint32_t*>(dst) =
+                arch::pack2<Tq>(v0, o[n][i + 1] * inv[Atom::row_slot(i)]);
+          else
+            *dst = from_float<Tq>(v0);
         }
       }
     }

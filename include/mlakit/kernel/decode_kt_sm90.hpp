@@ -860,16 +860,14 @@ struct KtMainloop {
     for (int q = 0; q < kQ; ++q) {
       const int row = m.row0 + row_of(q, t);
       if (row >= m.rows) continue;
+      Tq* const dst = m.o_row(pc, split, row);  // once per row: partial slot or output
 #pragma unroll
       for (int mb = kMb0; mb < kMb1; ++mb) {
         // o[mb][4 j + 2 h + e]: dim 16 (4 mb + wi) + 2 g + h, row 8 j + 2 t + e (q = 2 j + e)
         const int i0 = 4 * (q >> 1) + (q & 1);
         const int col = 16 * (4 * mb + wi) + 2 * g;
         const float v0 = o[mb - kOff][i0] * inv[q], v1 = o[mb - kOff][i0 + 2] * inv[q];
-        if (split)
-          *reinterpret_cast<float2*>(m.partial_o_row(pc, row) + col) = make_float2(v0, v1);
-        else
-          *reinterpret_cast<std::uint32_t*>(m.out_row(row) + col) = arch::pack2<Tq>(v0, v1);
+        *reinterpret_cast<std::uint32_t*>(dst + col) = arch::pack2<Tq>(v0, v1);
       }
       if (Wg == 0 && wi == 0 && g == 0) m.store_lse(pc, split, row, lse[q]);
     }

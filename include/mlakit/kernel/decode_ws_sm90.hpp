@@ -835,17 +835,19 @@ struct WsMainloop {
       lse[h] = lse_from_state(sm.m_run[h], l);
     }
     const bool split = pc.partial_slot >= 0;
+    Tq* dst[2];  // the thread's two rows' destinations (partial slot or output), or null
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = m.row0 + 16 * wi + g + 8 * h;
+      dst[h] = row < m.rows ? m.o_row(pc, split, row) : nullptr;
+    }
 #pragma unroll
     for (int i = 0; i < 128; i += 2) {
       const int h = (i >> 1) & 1;
-      const int row = m.row0 + 16 * wi + g + 8 * h;
-      if (row >= m.rows) continue;
+      if (dst[h] == nullptr) continue;
       const int col = 256 * wg + 8 * (i >> 2) + 2 * t;
       const float v0 = o[i] * inv[h], v1 = o[i + 1] * inv[h];
-      if (split)
-        *reinterpret_cast<float2*>(m.partial_o_row(pc, row) + col) = make_float2(v0, v1);
-      else
-        *reinterpret_cast<std::uint32_t*>(m.out_row(row) + col) = arch::pack2<Tq>(v0, v1);
+      *reinterpret_cast<std::uint32_t*>(dst[h] + col) = arch::pack2<Tq>(v0, v1);
     }
     if (wg == 0 && t == 0) {
 #pragma unroll

@@ -1,7 +1,8 @@
 #pragma once
 // Workspace views and the arguments every kernel receives. The workspace holds the plan
-// (header, RequestPlan[batch], CtaPlan[num_ctas]) followed by fp32 partial outputs and LSEs
-// of split requests: [max_partials][rows_padded][512] and [max_partials][rows_padded].
+// (header, RequestPlan[batch], CtaPlan[num_ctas]) followed by the partial outputs and LSEs of
+// split requests: [max_partials][rows_padded][512] values in the output type (16 bits) and
+// [max_partials][rows_padded] fp32 LSEs.
 #include <cstdint>
 
 #include "../core/decode_args.hpp"
@@ -13,10 +14,15 @@ struct WorkspaceView {
   int* header;            // [0] total cost, [1] units per CTA, [2] partial slots used
   RequestPlan* requests;  // [batch]
   CtaPlan* ctas;          // [num_ctas]
-  float* partial_o;       // [max_partials][rows_padded][512]
+  std::uint16_t* partial_o;  // [max_partials][rows_padded][512], bits of the output type
   float* partial_lse;     // [max_partials][rows_padded]
   int rows_padded;        // row_tiles * rows per CTA
 };
+
+// Bytes per value of a split piece's partial output: it is stored in the output type (bf16 or
+// fp16, already divided by the piece's own softmax sum), which halves the traffic of split
+// calls against fp32; the combine merges in fp32 and rounds once more to the output type.
+inline constexpr int kPartialOBytes = 2;
 
 struct WorkspaceLayout {
   PlanLayout plan;
@@ -30,7 +36,8 @@ inline WorkspaceLayout workspace_layout(const PlanShape& shape, int rows_padded)
   w.plan = plan_layout(shape);
   const std::int64_t parts = shape.max_partials();
   w.partial_o_offset = w.plan.bytes;
-  w.partial_lse_offset = align_up(w.partial_o_offset + parts * rows_padded * kHeadDimV * 4, 256);
+  w.partial_lse_offset =
+      align_up(w.partial_o_offset + parts * rows_padded * kHeadDimV * kPartialOBytes, 256);
   w.bytes = align_up(w.partial_lse_offset + parts * rows_padded * 4, 256);
   return w;
 }
@@ -42,7 +49,7 @@ inline WorkspaceView workspace_view(void* base, const WorkspaceLayout& w, int ro
   v.header = reinterpret_cast<int*>(p + w.plan.header_offset);
   v.requests = reinterpret_cast<RequestPlan*>(p + w.plan.requests_offset);
   v.ctas = reinterpret_cast<CtaPlan*>(p + w.plan.ctas_offset);
-  v.partial_o = reinterpret_cast<float*>(p + w.partial_o_offset);
+  v.partial_o = reinterpret_cast<std::uint16_t*>(p + w.partial_o_offset);
   v.partial_lse = reinterpret_cast<float*>(p + w.partial_lse_offset);
   v.rows_padded = rows_padded;
   return v;
