@@ -511,9 +511,9 @@ TEST_CASE("LseMerge: merging split softmaxes equals the unsplit softmax", "[plan
 TEST_CASE("LseMerge: batch steps and state merges give the part-by-part merge", "[planner]") {
   // The combine kernel's form: parts dealt to W groups in turn, each group walks its parts k
   // at a time (raise_max with the batch's largest LSE, rescale the weighted sum, add_below_max
-  // per part), then the groups' states are merged (max first, then merge in group order) and
-  // each group's weighted sum is scaled by weight(group max). It must give the LSE and the
-  // merged output of add() + weight() part by part.
+  // per part), then the groups' states are merged (max first, then merge_below_max in group
+  // order) and each group's weighted sum is scaled by the factor merge_below_max returned times
+  // inv_sum(). It must give the LSE and the merged output of add() + weight() part by part.
   std::mt19937_64 g(0x5eed0004);
   std::uniform_real_distribution<double> u(-1.0, 1.0);
   const float ninf = -std::numeric_limits<float>::infinity();
@@ -552,9 +552,14 @@ TEST_CASE("LseMerge: batch steps and state merges give the part-by-part merge", 
     }
     LseMerge row;
     for (int w = 0; w < W; ++w) row.raise_max(st[w].max_lse);
-    for (int w = 0; w < W; ++w) row.merge(st[w]);
+    std::vector<float> fac(W);
+    for (int w = 0; w < W; ++w) fac[w] = row.merge_below_max(st[w]);
     double got_o = 0;
-    for (int w = 0; w < W; ++w) got_o += double(row.weight(st[w].max_lse)) * acc[w];
+    for (int w = 0; w < W; ++w) {
+      got_o += double(fac[w] * row.inv_sum()) * acc[w];
+      // The factor times 1 / sum is the group's weight in the merge.
+      CHECK(fac[w] * row.inv_sum() == Approx(row.weight(st[w].max_lse)).margin(1e-7));
+    }
     if (ref.lse() == ninf) {
       CHECK(row.lse() == ninf);
       CHECK(got_o == 0.0);
@@ -584,10 +589,13 @@ TEST_CASE("LseMerge: batch steps and state merges give the part-by-part merge", 
   CHECK(f == Approx(0.25).epsilon(1e-6));
   CHECK(m.sum == Approx(0.25).epsilon(1e-6));
   LseMerge e;
-  e.merge(LseMerge{});  // merging an empty state changes nothing
+  CHECK(e.merge_below_max(LseMerge{}) == 0.0f);  // an empty state adds nothing
   CHECK(e.lse() == ninf);
-  e.merge(m);
+  CHECK(e.inv_sum() == 0.0f);
+  e.raise_max(m.max_lse);
+  CHECK(e.merge_below_max(m) == 1.0f);
   CHECK(e.lse() == Approx(m.lse()).epsilon(1e-7));
+  CHECK(e.inv_sum() == Approx(1.0 / m.sum).epsilon(1e-7));
 }
 
 TEST_CASE("LseMerge: -inf parts are ignored, all -inf gives -inf and zero weights", "[planner]") {
