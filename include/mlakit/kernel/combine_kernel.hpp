@@ -1,8 +1,8 @@
 #pragma once
 // Merges the partial outputs of split requests (in the output type, LSE-weighted, in fp32)
-// into O and the optional LSE. A block of 256 threads serves one request, 256 / (32 W) rows of it and 512 / C of the
-// output columns: W warps per row (1, 2, 4 or 8; W = 1 is one warp per row) and C column
-// slices (1, 2 or 4; each block of a row reads all of the row's LSEs, n floats). The
+// into O and the optional LSE. A block of 256 threads serves one request, 256 / (32 W) rows of it
+// and 512 / C of the output columns: W warps per row (1, 2, 4 or 8; W = 1 is one warp per row) and
+// C column slices (1, 2 or 4; each block of a row reads all of the row's LSEs, n floats). The
 // pieces of a row go to its warps in turn (piece i to warp i mod W), each warp merging its
 // pieces online in one pass (no wait for the row's merged LSE), so a row cut into
 // hundreds of pieces (a long context at small batch) merges in a few memory latencies over
@@ -61,10 +61,10 @@ inline CombineLayout combine_layout(const PlanShape& shape, int rows, int sm_cou
 template <class T, int C>
 __global__ void __launch_bounds__(kCombineThreads)
     combine_kernel(DecodeArgs a, WorkspaceView ws, int warps_per_row) {
-  constexpr int kVecPerLane = kHeadDimV / kWarpSize / 4;  // 4-column groups per lane: 4 or 2
-                                                          // (AMD)
+  constexpr int kVecPerLane = kHeadDimV / kWarpSize / 4;  // 4-column groups per lane, 2 on AMD
   constexpr int col_splits = C;
-  static_assert(C >= 1 && C <= kCombineMaxColSplits, "column slices of one 4-column group per lane or more");
+  static_assert(C >= 1 && C <= kCombineMaxColSplits,
+                "column slices of one 4-column group per lane or more");
   __shared__ float red_m[kCombineWarps], red_l[kCombineWarps];
   __shared__ float part[kCombineWarps][kHeadDimV];
   const int b = static_cast<int>(blockIdx.x);
@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(kCombineThreads)
     float bm = neg_inf();
 #pragma unroll
     for (int u = 0; u < kPieces; ++u) bm = fmaxf(bm, lse_u[u]);
-    if (bm == neg_inf()) continue;  // no piece of the batch saw a key
+    if (bm == neg_inf()) continue;     // no piece of the batch saw a key
     const float f = st.raise_max(bm);  // 0 while acc is still empty
     if (f != 1.0f) {
 #pragma unroll
