@@ -9,7 +9,7 @@
 // --plans also times split-KV off and fixed splits 2..64 (those whose workspace is at most
 // 1 GiB), each in a CUDA graph as us_graph is, and reports the best plan other than the
 // automatic one: us_best_other, best_splits (1 = none) and auto_over_best (us_graph / that
-// time).
+// time), and each plan's own time: us_fixed1 (split-KV off), us_fixed2 .. us_fixed64.
 //   mlakit_bench [--quick] [--plans] [google benchmark flags, e.g. --benchmark_format=json]
 #include <benchmark/benchmark.h>
 #include <cublas_v2.h>
@@ -319,6 +319,7 @@ void run_shape(benchmark::State& st, Shape s) {
     off.split_mode = SplitMode::none;
     double best = graph_time(off, ws.ptr, ws.bytes);  // ms
     int best_n = 1;
+    st.counters["us_fixed1"] = best * 1e3;
     for (int n : {2, 4, 8, 16, 32, 64}) {
       DecodeArgs f = a;
       f.split_mode = SplitMode::fixed;
@@ -330,6 +331,7 @@ void run_shape(benchmark::State& st, Shape s) {
       x.kv_indices = d_idx.as<std::int32_t>();
       if (!decode(x, wf.ptr, wf.bytes, nullptr) || !gpu_sync()) continue;
       const float t = graph_time(f, wf.ptr, wf.bytes);
+      if (t > 0) st.counters["us_fixed" + std::to_string(n)] = t * 1e3;
       if (t > 0 && (best <= 0 || t < best)) {
         best = t;
         best_n = n;
