@@ -466,6 +466,8 @@ int main(int argc, char** argv) {
   shapes.push_back({16, 8, DType::fp8_e4m3fn, 1, 32768, 64});
   // Batch 32 at q_len 8 (a verify step of a mid-size serving batch).
   for (DType kv : {DType::fp8_e4m3fn, DType::bf16}) shapes.push_back({16, 8, kv, 32, 8192, 64});
+  // 128 heads at q_len 1 (a DeepSeek-V3 layer without tensor parallelism), batch 128.
+  for (DType kv : {DType::fp8_e4m3fn, DType::bf16}) shapes.push_back({128, 1, kv, 128, 8192, 64});
   if (!quick) {
     for (int h : {12, 32, 64, 128})
       for (int q : {1, 2, 4, 8, 16})
