@@ -139,8 +139,7 @@ __global__ void __launch_bounds__(kCombineThreads)
   // The row's warps merge in order: the row's max M first, then each warp's state; warp k's
   // output is scaled by exp(m_k - M) / L (0 for a warp that saw no key).
   LseMerge merged = st;
-  float fac[kCombineWarps] = {};  // unrolled with k < W guards: stays in registers
-  fac[0] = 1.0f;
+  float fac[kCombineWarps] = {};  // W > 1 only; unrolled with k < W guards: stays in registers
   if (W > 1) {  // W is the same in the whole block: every thread reaches the barrier
 #pragma unroll
     for (int j = 0; j < vecs; ++j)

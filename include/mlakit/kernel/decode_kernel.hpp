@@ -216,8 +216,8 @@ struct DecodeMainloop {
                                               : a.kv_indices + a.kv_indptr[b];
   }
   // Epilogue addresses, used by every mainloop: row `row` (< rows) of the split piece's
-  // partial output or of request b's output (both in the Q type; o_row picks by `split`), and
-  // the row's LSE (the piece's partial slot, or the caller's array when it gave one).
+  // partial output or of request b's output (both in the Q type; o_row picks), and the row's
+  // LSE (the piece's partial slot, or the caller's array when it gave one).
   __device__ __forceinline__ Tq* partial_o_row(const Piece& pc, int row) const {
     return reinterpret_cast<Tq*>(p.ws.partial_o) +
            (std::int64_t(pc.partial_slot) * p.ws.rows_padded + row) * kHeadDimV;
@@ -228,8 +228,11 @@ struct DecodeMainloop {
     return static_cast<Tq*>(a.out) + b * a.o_stride_batch + t * a.o_stride_token +
            h * a.o_stride_head;
   }
-  __device__ __forceinline__ Tq* o_row(const Piece& pc, bool split, int row) const {
-    return split ? partial_o_row(pc, row) : out_row(row);
+  // Where row `row` of the piece's output goes: its partial slot when the piece is split, else
+  // request b's output; null for rows past the request's. Epilogues call it once per row.
+  __device__ __forceinline__ Tq* o_row(const Piece& pc, int row) const {
+    if (row >= rows) return nullptr;
+    return pc.partial_slot >= 0 ? partial_o_row(pc, row) : out_row(row);
   }
   __device__ __forceinline__ void store_lse(const Piece& pc, bool split, int row,
                                             float lse) const {
@@ -716,14 +719,11 @@ struct DecodeMainloop {
     }
     const bool split = pc.partial_slot >= 0;
     const int vcol0 = cg * Tr::kVColsPerWarp;
-    // Each row's destination (partial slot or output) once per row, not per store; null for
-    // rows past the request's.
-    const auto dst_of = [&](int row) { return row < rows ? o_row(pc, split, row) : nullptr; };
     if constexpr (Tr::kFp8Operands) {
       // Lane (g, t) holds columns 16c + 4t .. +3 of rows g and g + 8 in n-tiles 2c, 2c + 1.
       Tq* dst_h[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) dst_h[h] = dst_of(row0 + r0 + (lane >> 2) + 8 * h);
+      for (int h = 0; h < 2; ++h) dst_h[h] = o_row(pc, row0 + r0 + (lane >> 2) + 8 * h);
 #pragma unroll
       for (int c = 0; c < Tr::kNTilesO / 2; ++c) {
 #pragma unroll
@@ -740,7 +740,7 @@ struct DecodeMainloop {
     } else {
       Tq* dst_sl[kSlots];  // element i of a C tile is in row slot_row(row_slot(i))
 #pragma unroll
-      for (int sl = 0; sl < kSlots; ++sl) dst_sl[sl] = dst_of(row0 + r0 + Atom::slot_row(sl, lane));
+      for (int sl = 0; sl < kSlots; ++sl) dst_sl[sl] = o_row(pc, row0 + r0 + Atom::slot_row(sl, lane));
 #pragma unroll
       for (int n = 0; n < Tr::kNTilesO; ++n) {
 #pragma unroll

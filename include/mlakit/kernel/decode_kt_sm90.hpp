@@ -860,7 +860,7 @@ struct KtMainloop {
     for (int q = 0; q < kQ; ++q) {
       const int row = m.row0 + row_of(q, t);
       if (row >= m.rows) continue;
-      Tq* const dst = m.o_row(pc, split, row);  // once per row: partial slot or output
+      Tq* const dst = m.o_row(pc, row);  // once per row: partial slot or output
 #pragma unroll
       for (int mb = kMb0; mb < kMb1; ++mb) {
         // o[mb][4 j + 2 h + e]: dim 16 (4 mb + wi) + 2 g + h, row 8 j + 2 t + e (q = 2 j + e)

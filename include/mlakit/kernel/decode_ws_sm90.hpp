@@ -837,10 +837,7 @@ struct WsMainloop {
     const bool split = pc.partial_slot >= 0;
     Tq* dst[2];  // the thread's two rows' destinations (partial slot or output), or null
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = m.row0 + 16 * wi + g + 8 * h;
-      dst[h] = row < m.rows ? m.o_row(pc, split, row) : nullptr;
-    }
+    for (int h = 0; h < 2; ++h) dst[h] = m.o_row(pc, m.row0 + 16 * wi + g + 8 * h);
 #pragma unroll
     for (int i = 0; i < 128; i += 2) {
       const int h = (i >> 1) & 1;
