@@ -40,11 +40,13 @@ struct PlannerCase {
   int splits = 1;
   int row_tiles = 1;
   int sms = 132;
+  int min_piece_tiles = kMinPieceTiles;
 
   std::string name() const {
     std::ostringstream s;
     s << "batch " << lens.size() << (ids == PageIds::csr ? " csr" : " bt") << " ps " << page_size
-      << " mode " << int(mode) << "/" << splits << " row_tiles " << row_tiles << " sms " << sms;
+      << " mode " << int(mode) << "/" << splits << " row_tiles " << row_tiles << " sms " << sms
+      << " min piece " << min_piece_tiles;
     return s.str();
   }
 };
@@ -57,6 +59,7 @@ std::string run_planner(const PlannerCase& c) {
   shape.row_tiles = c.row_tiles;
   shape.mode = c.mode;
   shape.fixed_splits = c.mode == SplitMode::fixed ? c.splits : 1;
+  shape.min_piece_tiles = c.min_piece_tiles;
   // 1 + batch % 2 CTAs per SM: both values the policies use.
   shape.num_ctas =
       plan_num_ctas(c.mode, shape.fixed_splits, batch, c.row_tiles, c.sms, 1 + batch % 2);
@@ -370,6 +373,7 @@ TEST_CASE("device planner equals plan_on_host field by field", "[gpu]") {
     c.splits = 1 + int(g() % kMaxSplits);
     c.row_tiles = 1 + int(g() % 64);
     c.sms = trial % 3 == 0 ? 304 : 132;
+    c.min_piece_tiles = 1 + trial % 3;
     c.page_size = 1 + int(g() % 256);
     c.max_pages = 1 + int(g() % 3000);
     c.pages.resize(batch);

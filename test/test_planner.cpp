@@ -50,36 +50,35 @@ std::string check_plan(const PlanShape& p, const std::vector<int>& lens, PlanSta
   if (int(h.requests.size()) != B || int(h.ctas.size()) != G) return "wrong array sizes";
 
   // Totals and the per-CTA budget: ceil(total / G) units, so the load is balanced; in
-  // automatic mode at least kMinPieceUnits, or the smallest equal cut of the longest request
-  // at or above that if it is at most 1/8 larger (found by search here).
-  long long raw_total = 0, max_cost = 0;
+  // automatic mode at least kMinPieceUnits, or the aligned budget: t + kOverheadUnits with t
+  // the least tile count (at least min_piece_tiles) that cuts the longest request into at most
+  // floor(G / B) pieces, if that makespan is at most 1/8 longer (counting the overhead).
+  long long raw_total = 0, max_tiles = 0;
   for (int len : lens) {
     raw_total += expected_cost(p, len);
-    max_cost = std::max(max_cost, expected_cost(p, len));
+    max_tiles = std::max(max_tiles, ceil_div(len, kPlanTokens));
   }
   long long per = std::max(1LL, ceil_div(raw_total, G));
+  long long t = 0;  // tiles per piece of an aligned plan, 0: packed
   if (p.mode == SplitMode::automatic) {
     per = std::max<long long>(per, kMinPieceUnits);
-    long long cut = per;
-    if (max_cost > per) {
-      cut = max_cost;  // k = 1
-      for (long long k = 1; k <= max_cost; ++k)
-        if (ceil_div(max_cost, k) >= per) cut = std::min(cut, ceil_div(max_cost, k));
+    const long long k = G / B;
+    long long cand = std::max<long long>(std::max(1, p.min_piece_tiles), ceil_div(max_tiles, k));
+    if (8 * (cand + kOverheadUnits) <= 9 * (per + kOverheadUnits)) {
+      t = cand;
+      per = cand + kOverheadUnits;
     }
-    if (8 * cut <= 9 * per) per = cut;
   }
   if (h.per_cta != per)
     return "per_cta " + std::to_string(h.per_cta) + " != " + std::to_string(per);
-  // Automatic mode: when every request starting at a CTA boundary fits the grid, each cost is
-  // rounded up to a multiple of the budget.
-  long long aligned = 0;
-  for (int len : lens) aligned += ceil_div(expected_cost(p, len), per);
-  const bool rounded = p.mode == SplitMode::automatic && aligned <= G;
+  // Aligned plans: each request takes ceil(tiles / t) budgets (one without keys) and starts
+  // at a CTA boundary.
+  const bool rounded = t > 0;
   std::vector<long long> cost_of(B);
   long long total = 0;
   for (int b = 0; b < B; ++b) {
     const long long c = expected_cost(p, lens[b]);
-    cost_of[b] = rounded ? ceil_div(c, per) * per : c;
+    cost_of[b] = rounded ? std::max(1LL, ceil_div(ceil_div(lens[b], kPlanTokens), t)) * per : c;
     total += cost_of[b];
   }
   if (h.total != total) return "total " + std::to_string(h.total) + " != " + std::to_string(total);
@@ -88,7 +87,7 @@ std::string check_plan(const PlanShape& p, const std::vector<int>& lens, PlanSta
   // (a) coverage, (c) partial slots, (d) empty requests, (e) pieces per mode.
   std::vector<int> slot_owner(std::max(h.partials, 0), -1);
   long long prefix = 0, split_pieces = 0, listings_expected = 0;
-  std::vector<long long> tokens_of(G, 0), load_of(G, 0), plan_units_of(G, 0);
+  std::vector<long long> tokens_of(G, 0), load_of(G, 0), pieces_of(G, 0);
   for (int b = 0; b < B; ++b) {
     const RequestPlan& r = h.requests[b];
     err << "request " << b << " len " << lens[b] << ": ";
@@ -96,12 +95,9 @@ std::string check_plan(const PlanShape& p, const std::vector<int>& lens, PlanSta
     if (r.cost_begin != prefix) return err.str() + "cost_begin is not the prefix sum";
     const long long cost = cost_of[b];
     if (r.cost != cost) return err.str() + "cost " + std::to_string(r.cost);
-    // Rounded plans: every request starts at a CTA boundary, one piece per CTA, except CTAs
-    // whose whole interval holds the request's leading units (no KV).
-    if (rounded && (r.cost_begin % h.per_cta != 0 ||
-                    r.num_pieces != ceil_div(cost, h.per_cta) -
-                                        lead_units(p, int(cost)) / h.per_cta))
-      return err.str() + "rounded plan: request off a CTA boundary or with extra pieces";
+    // Aligned plans: every request starts at a CTA boundary, one piece per CTA.
+    if (rounded && (r.cost_begin % h.per_cta != 0 || r.num_pieces != cost / h.per_cta))
+      return err.str() + "aligned plan: request off a CTA boundary or with extra pieces";
     prefix += cost;
     if (r.num_pieces < 1) return err.str() + "no piece";
     if (r.first_cta < 0 || r.first_cta + r.num_pieces > G) return err.str() + "CTA out of range";
@@ -109,6 +105,7 @@ std::string check_plan(const PlanShape& p, const std::vector<int>& lens, PlanSta
     if (p.mode == SplitMode::fixed && r.num_pieces != p.fixed_splits)
       return err.str() + "fixed mode: " + std::to_string(r.num_pieces) + " pieces";
     int next = 0;  // next KV token the pieces must start at
+    long long piece_min = std::numeric_limits<long long>::max(), piece_max = 0;
     for (int i = 0; i < r.num_pieces; ++i) {
       const int c = r.first_cta + i;
       const Piece pc = piece_of(p, r, c, h.per_cta);
@@ -128,20 +125,34 @@ std::string check_plan(const PlanShape& p, const std::vector<int>& lens, PlanSta
         slot_owner[pc.partial_slot] = b;
         ++split_pieces;
       }
-      // Loads. Plan units of the piece: the request's overhead units that fall inside the
-      // CTA's cost interval plus its KV tiles. Per-piece load: every piece loads Q and writes
-      // O (or a partial), so it pays the full overhead.
+      // Loads. The piece's share of the request's units is [lo, hi); in automatic mode it gets
+      // its share of the request's tiles, rounded: at most ceil(share x tiles / cost) and never
+      // none. Per-piece load: every piece loads Q and writes O (or a partial), so it pays the
+      // full overhead.
       const long long tiles = ceil_div(pc.kv_end - pc.kv_begin, kPlanTokens);
       const long long lo = std::max<long long>(1LL * c * h.per_cta, r.cost_begin);
       const long long hi = std::min<long long>(1LL * (c + 1) * h.per_cta, r.cost_begin + cost);
       if (hi <= lo) return err.str() + "CTA " + std::to_string(c) + " has an empty share";
-      long long overhead_in = 0;
-      if (p.mode == SplitMode::automatic)
-        overhead_in = std::max(0LL, std::min<long long>(hi, r.cost_begin + kOverheadUnits) - lo);
+      if (p.mode == SplitMode::automatic) {
+        const long long req_tiles = ceil_div(lens[b], kPlanTokens);
+        if (tiles > ceil_div((hi - lo) * req_tiles, cost))
+          return err.str() + "piece " + std::to_string(i) + " has " + std::to_string(tiles) +
+                 " tiles for " + std::to_string(hi - lo) + " of " + std::to_string(cost) + " units";
+        if (lens[b] > 0 && tiles == 0) return err.str() + "empty piece";
+        if (rounded) {
+          if (tiles > t) return err.str() + "aligned piece over the tile budget";
+          piece_min = std::min(piece_min, tiles);
+          piece_max = std::max(piece_max, tiles);
+        }
+      }
       tokens_of[c] += pc.kv_end - pc.kv_begin;
-      plan_units_of[c] += tiles + overhead_in;
       load_of[c] += tiles + kOverheadUnits;
+      ++pieces_of[c];
     }
+    // Aligned plans cut a request into pieces of equal tiles (within one).
+    if (rounded && lens[b] > 0 && piece_max - piece_min > 1)
+      return err.str() + "aligned pieces of " + std::to_string(piece_min) + " to " +
+             std::to_string(piece_max) + " tiles";
     if (next != lens[b]) return err.str() + "pieces end at " + std::to_string(next);
     listings_expected += r.num_pieces;
     if (stats) stats->max_pieces = std::max(stats->max_pieces, r.num_pieces);
@@ -163,7 +174,7 @@ std::string check_plan(const PlanShape& p, const std::vector<int>& lens, PlanSta
       for (long long pos = 1LL * c * h.per_cta; pos < hi; ++pos) {
         const int b = request_at(h.requests.data(), B, pos);
         const RequestPlan& r = h.requests[b];
-        if (pos - r.cost_begin >= lead_units(p, r.cost))
+        if (pos - r.cost_begin >= lead_units(p, r.cost, r.kv_len))
           return "CTA " + std::to_string(c) + " idle at KV units of request " + std::to_string(b);
       }
       continue;
@@ -185,19 +196,19 @@ std::string check_plan(const PlanShape& p, const std::vector<int>& lens, PlanSta
   }
   if (listings != listings_expected) return "CTA listings != pieces";
 
-  // (b) balance in automatic mode.
+  // (b) balance in automatic mode: no CTA holds more tiles than its budget; charging the full
+  // overhead to every piece costs at most the two boundary pieces: load <= per_cta + 2 x
+  // overhead; an aligned plan has one piece per CTA and load <= per_cta.
   if (p.mode == SplitMode::automatic) {
     for (int c = 0; c < G; ++c) {
-      if (plan_units_of[c] > h.per_cta)
-        return "CTA " + std::to_string(c) + " holds " + std::to_string(plan_units_of[c]) +
-               " units > per_cta " + std::to_string(h.per_cta);
       if (tokens_of[c] > 1LL * h.per_cta * kPlanTokens)
         return "CTA " + std::to_string(c) + " has more KV tokens than its budget";
-      // Charging the full overhead to every piece costs at most the two boundary requests
-      // their missing overhead: load <= per_cta + 2 * kOverheadUnits - 1.
-      if (load_of[c] > h.per_cta + 2 * kOverheadUnits - 1)
+      const long long bound = rounded ? h.per_cta : h.per_cta + 2 * kOverheadUnits;
+      if (load_of[c] > bound)
         return "CTA " + std::to_string(c) + " per-piece load " + std::to_string(load_of[c]) +
-               " > per_cta + 3";
+               " > " + std::to_string(bound);
+      if (rounded && pieces_of[c] > 1) return "aligned plan: CTA " + std::to_string(c) + " has " +
+                                              std::to_string(pieces_of[c]) + " pieces";
       if (stats)
         stats->max_overload = std::max<int>(stats->max_overload, int(load_of[c] - h.per_cta));
     }
@@ -255,6 +266,7 @@ TEST_CASE("planner: coverage, balance and capacity on random length mixes", "[pl
     p.batch = batch;
     p.mode = SplitMode(trial % 3);
     p.row_tiles = 1 + int(g() % 64);
+    p.min_piece_tiles = 1 + int(g() % 4);
     p.fixed_splits = p.mode == SplitMode::fixed ? 1 + int(g() % kMaxSplits) : 1;
     const int sms = trial % 2 ? 132 : 304;
     const int per_sm = 1 + (trial / 2) % 2;
@@ -305,29 +317,34 @@ TEST_CASE("planner: hand-picked mixes", "[planner]") {
 }
 
 TEST_CASE("planner: equal lengths split into equal pieces, or not at all", "[planner]") {
-  // The shapes the budget rule was calibrated on (H200, 132 SMs; kv_len 8192 costs 130 units,
-  // 1024 costs 18): the pieces each request gets, k = the fewest the budget allows. Requests
-  // start at CTA boundaries (their costs rounded up to a multiple of the budget), so none
-  // gets k + 1 pieces.
+  // Shapes measured on the H200 (132 SMs; kv_len 8192 is 128 tiles, 1024 is 16): the pieces
+  // each request gets, k = floor(CTAs / batch) at most, each of the same tile count (within
+  // one). Requests start at CTA boundaries, so none gets k + 1 pieces at shifted boundaries.
   struct C {
-    int batch, len, row_tiles, per_sm, pieces_min, pieces_max;
+    int batch, len, row_tiles, per_sm, min_tiles, pieces, piece_tiles;
   };
   const C cases[] = {
-      {128, 8192, 1, 1, 1, 1},    // 64-row tile, 128 requests on 132 SMs: no split
-      {128, 8192, 1, 2, 2, 2},    // 16-row tile, two per SM: 2 pieces each
-      {32, 8192, 2, 1, 2, 2},     // 128 rows (2 row tiles), batch 32: 2 pieces
-      {32, 1024, 2, 1, 2, 2},     //   ... with kv_len 1024
-      {128, 1024, 2, 1, 1, 1},    // batch 128, kv_len 1024, 2 row tiles: no split
-      {32, 8192, 1, 1, 4, 4},     // 32 requests of one row tile: 4 pieces
-      {8, 8192, 2, 1, 8, 8},      // batch 8, 2 row tiles: 8 pieces
-      {1, 8192, 2, 1, 64, 64},    // batch 1: 64 pieces of 2 units (kMinPieceUnits); the
-      {1, 8192, 1, 2, 64, 64},    //   overhead-only first CTA idles; also with 264 CTAs
+      {128, 8192, 1, 1, 2, 1, 128},  // 64-row tile, 128 requests on 132 SMs: no split
+      {128, 8192, 1, 2, 2, 2, 64},   // 16-row tile, two per SM: 2 pieces each
+      {32, 8192, 2, 1, 2, 2, 64},    // 128 rows (2 row tiles), batch 32: 2 pieces
+      {32, 1024, 2, 1, 2, 2, 8},     //   ... with kv_len 1024
+      {128, 1024, 2, 1, 2, 1, 16},   // batch 128, kv_len 1024, 2 row tiles: no split
+      {32, 8192, 1, 1, 2, 4, 32},    // 32 requests of one row tile: 4 pieces
+      {8, 8192, 2, 1, 2, 8, 16},     // batch 8, 2 row tiles: 8 pieces of 16 tiles (a packed
+                                     //   plan cut 15, 17 x 6 and 11)
+      {8, 1024, 2, 1, 2, 8, 2},      // ... kv_len 1024: 8 pieces of 2 tiles (packed: 6 of 1-3)
+      {8, 8192, 1, 1, 2, 16, 8},     // batch 8, one row tile: 16 pieces of 8 (packed: 17)
+      {1, 8192, 2, 1, 2, 64, 2},     // batch 1: 64 pieces of 2 tiles (min_piece_tiles)
+      {1, 8192, 1, 2, 2, 64, 2},     //   ... also with 264 CTAs
+      {1, 1024, 1, 2, 1, 16, 1},     // a policy with 1-tile pieces: 16 of them
+      {1, 32768, 2, 1, 2, 64, 8},    // batch 1, kv_len 32768: 64 pieces of 8 tiles
   };
   for (const C& c : cases) {
     PlanShape p;
     p.batch = c.batch;
     p.mode = SplitMode::automatic;
     p.row_tiles = c.row_tiles;
+    p.min_piece_tiles = c.min_tiles;
     p.num_ctas = plan_num_ctas(p.mode, 1, p.batch, p.row_tiles, 132, c.per_sm);
     const std::vector<int> lens(c.batch, c.len);
     INFO("batch " << c.batch << " kv_len " << c.len << " row tiles " << c.row_tiles
@@ -335,12 +352,18 @@ TEST_CASE("planner: equal lengths split into equal pieces, or not at all", "[pla
     REQUIRE(check_plan(p, lens, nullptr).empty());
     const HostPlan h = plan_on_host(p, lens.data());
     for (int b = 0; b < c.batch; ++b) {
-      CHECK(h.requests[b].num_pieces >= c.pieces_min);
-      CHECK(h.requests[b].num_pieces <= c.pieces_max);
+      const RequestPlan& r = h.requests[b];
+      CHECK(r.num_pieces == c.pieces);
+      for (int i = 0; i < r.num_pieces; ++i) {
+        const Piece pc = piece_of(p, r, r.first_cta + i, h.per_cta);
+        CHECK(pc.kv_end - pc.kv_begin == c.piece_tiles * kPlanTokens);
+      }
     }
-    // The budget is never more than 1/8 above the least one.
-    const long long least = std::max<long long>(kMinPieceUnits, ceil_div(h.total, p.num_ctas));
-    CHECK(8LL * h.per_cta <= 9 * least);
+    // The makespan (t + overhead: the budget) is never more than 1/8 above the packed plan's.
+    long long raw = 0;
+    for (int len : lens) raw += kOverheadUnits + ceil_div(len, kPlanTokens);
+    const long long least = std::max<long long>(kMinPieceUnits, ceil_div(raw, p.num_ctas));
+    CHECK(8LL * h.per_cta <= 9 * (least + kOverheadUnits));
   }
 }
 

@@ -10,14 +10,17 @@
 // step).
 //
 // Modes: automatic costs a request kOverheadUnits + ceil(kv_len / kPlanTokens) units (the
-// overhead stands for loading Q and writing O); none costs 1 unit per request with one CTA
-// per request; fixed costs num_splits units, one per CTA. The automatic mode's budget per CTA
-// is the least that fits (ceil(total / num_ctas)) unless a budget at most 1/8 larger cuts the
-// longest request into equal pieces (auto_per_cta). Then, if every request rounded up to a
-// multiple of that budget still fits the grid (plan_granule), each request's interval is so
-// rounded: every request starts at a CTA boundary and is cut into the fewest pieces its cost
-// allows, one piece per CTA (equal lengths: k pieces each, or none, instead of k + 1 pieces at
-// shifted boundaries, each costing a Q load, a partial and a pipeline fill).
+// overhead stands for loading Q and writing O or a partial); none costs 1 unit per request with
+// one CTA per request; fixed costs num_splits units, one per CTA. In automatic mode a request's
+// units map to its KV tiles in proportion (token_at): the overhead is spread over the request's
+// pieces, as every piece pays it (a Q load, a partial). The automatic budget per CTA is one of
+// two plans (plan_budget): the least budget that fits the line (ceil(total / num_ctas)
+// units), requests packed end to end; or an aligned plan, taken when its makespan is at most
+// 1/8 longer, in which every request starts at a CTA boundary and is cut into
+// ceil(tiles / t) pieces of at most t tiles, one piece per CTA, where t is the least tile
+// count that lets the longest request have floor(num_ctas / batch) pieces. Equal lengths then
+// get equal pieces: k each (or none), never k + 1 at shifted boundaries, each costing a Q
+// load, a partial and a pipeline fill.
 #include <cstdint>
 
 #include "config.hpp"
@@ -26,9 +29,10 @@
 namespace mlakit {
 
 inline constexpr int kPlanTokens = 64;    // KV tokens per cost unit (one KV tile)
-inline constexpr int kOverheadUnits = 2;  // automatic mode: fixed cost of each request
+inline constexpr int kOverheadUnits = 2;  // automatic mode: fixed cost of each request (piece)
 inline constexpr int kMinPieceUnits = 2;  // automatic mode: least budget per CTA, in units
-inline constexpr int kAlignSlack = 8;     // automatic mode: aligned budget <= least x (1 + 1/8)
+inline constexpr int kMinPieceTiles = 2;  // automatic mode: default least tiles of an aligned piece
+inline constexpr int kAlignSlack = 8;     // automatic mode: aligned makespan <= least x (1 + 1/8)
 // Automatic mode: most CTAs per request (on average). High enough that one long request fills
 // every SM (batch 1 x 131072 tokens had 64 CTAs under the old cap, the fixed-mode limit
 // kMaxSplits, and ran at a tenth of the memory bound); the combine kernel merges hundreds of
@@ -42,6 +46,9 @@ struct PlanShape {
   int num_ctas = 0;   // CTAs along the KV dimension (the planner's G)
   SplitMode mode = SplitMode::automatic;
   int fixed_splits = 1;
+  // Automatic mode: least KV tiles of a piece in an aligned plan (a piece of fewer tiles moves
+  // less KV than the Q load and partial it costs; set per tile policy, >= 1).
+  int min_piece_tiles = kMinPieceTiles;
 
   // Upper bound on pieces that belong to split requests: each CTA is the first or last CTA
   // of at most two split requests, and a request strictly inside a CTA's range is unsplit.
@@ -107,23 +114,28 @@ MLAKIT_HOST_DEVICE inline int request_cost(const PlanShape& p, int kv_len) {
   }
 }
 
+// KV tiles of a request of kv_len tokens.
+MLAKIT_HOST_DEVICE inline int kv_tiles(int kv_len) { return (kv_len + kPlanTokens - 1) / kPlanTokens; }
+
 // First KV token that belongs to cost position `pos` (0..cost) of a request: the pieces of a
-// request cover [token_at(lo), token_at(hi)) and together exactly [0, kv_len).
+// request cover [token_at(lo), token_at(hi)) and together exactly [0, kv_len). Automatic mode:
+// tile floor(pos x tiles / cost), so a piece of w units gets w x tiles / cost tiles (rounded),
+// whatever the overhead and padding in the cost, and equal shares of a request get equal tiles.
 MLAKIT_HOST_DEVICE inline int token_at(const PlanShape& p, int kv_len, int cost, int pos) {
   if (pos >= cost) return kv_len;
   switch (p.mode) {
     case SplitMode::none:
       return 0;
     case SplitMode::fixed: {
-      const int tiles = (kv_len + kPlanTokens - 1) / kPlanTokens;
+      const int tiles = kv_tiles(kv_len);
       const int chunk = ((tiles + cost - 1) / cost) * kPlanTokens;
       const std::int64_t t = std::int64_t(pos) * chunk;
       return t > kv_len ? kv_len : static_cast<int>(t);
     }
     default: {
-      const int u = pos - kOverheadUnits;
-      if (u <= 0) return 0;
-      const std::int64_t t = std::int64_t(u) * kPlanTokens;
+      if (pos <= 0) return 0;
+      const std::int64_t tile = std::int64_t(pos) * kv_tiles(kv_len) / cost;
+      const std::int64_t t = tile * kPlanTokens;
       return t > kv_len ? kv_len : static_cast<int>(t);
     }
   }
@@ -135,51 +147,55 @@ MLAKIT_HOST_DEVICE inline int per_cta_units(int total, int num_ctas) {
   return u < 1 ? 1 : u;
 }
 
-// Automatic mode's budget per CTA, given the total cost and the cost of the longest request.
-// Start from the least budget that fits the work in num_ctas CTAs (and no less than
-// kMinPieceUnits: a one-unit piece moves less KV than the Q load and partial it costs). If
-// the longest request is longer, take the smallest budget >= that which cuts it into equal
-// pieces (ceil(max_cost / k) with the largest such k), provided it exceeds the least budget by
-// at most 1/kAlignSlack. With equal lengths every request then splits into exactly k pieces
-// (k = 1: none), where the least budget would cut most requests into k + 1 pieces at shifted
-// boundaries: the same makespan with more partials. Never below the least budget, so the
-// work always fits the grid.
-MLAKIT_HOST_DEVICE inline int auto_per_cta(int total, int num_ctas, int max_cost) {
-  int u = per_cta_units(total, num_ctas);
-  if (u < kMinPieceUnits) u = kMinPieceUnits;
-  if (max_cost <= u) return u;
-  // ceil(max_cost / k) >= u  <=>  k < max_cost / (u - 1); u >= 2 here.
-  const int k = (max_cost + u - 2) / (u - 1) - 1;
-  const int p = (max_cost + k - 1) / k;
-  return std::int64_t(p) * kAlignSlack <= std::int64_t(u) * (kAlignSlack + 1) ? p : u;
-}
+// The budget of a plan: units per CTA, and for an aligned automatic plan the most KV tiles of
+// a piece (0: not aligned, requests packed end to end on the line).
+struct PlanBudget {
+  int per_cta = 1;
+  int piece_tiles = 0;
+};
 
-// Units request b occupies on the line: its cost, rounded up to a multiple of `granule` when
-// granule > 0 (the padding holds no KV: token_at maps it to kv_len).
-MLAKIT_HOST_DEVICE inline int padded_cost(int cost, int granule) {
-  return granule > 0 ? (cost + granule - 1) / granule * granule : cost;
-}
-
-// Automatic mode: the granule of a plan with budget per_cta, given the number of CTAs the
-// requests need when each starts at a CTA boundary (sum of ceil(cost / per_cta)): per_cta if
-// that fits the grid, else 0 (no rounding). Other modes: 0.
-MLAKIT_HOST_DEVICE inline int plan_granule(const PlanShape& p, int per_cta,
-                                           std::int64_t aligned_ctas) {
-  return p.mode == SplitMode::automatic && aligned_ctas <= p.num_ctas ? per_cta : 0;
-}
-
-// Budget per CTA of a plan: auto_per_cta in automatic mode, the least budget otherwise.
-MLAKIT_HOST_DEVICE inline int plan_per_cta(const PlanShape& p, int total, int max_cost) {
+// Budget of a plan, given the total and the largest of the request costs (request_cost).
+// Other modes: the least budget. Automatic mode: the least budget U (at least kMinPieceUnits:
+// a one-unit piece moves less KV than the Q load and partial it costs), or the aligned plan:
+// k = floor(num_ctas / batch) pieces for the longest request, t = max(min_piece_tiles,
+// ceil(max_tiles / k)) tiles per piece, t + kOverheadUnits units per CTA. Every request then
+// needs ceil(tiles / t) <= k CTAs, so the batch fits the grid. Taken when its makespan (t plus
+// the overhead) is at most 1/kAlignSlack longer than the packed plan's (U plus the overhead of
+// the piece a CTA continues).
+MLAKIT_HOST_DEVICE inline PlanBudget plan_budget(const PlanShape& p, int total, int max_cost) {
   const int g = p.num_ctas > 0 ? p.num_ctas : 1;
-  return p.mode == SplitMode::automatic ? auto_per_cta(total, g, max_cost)
-                                        : per_cta_units(total, g);
+  PlanBudget b;
+  b.per_cta = per_cta_units(total, g);
+  if (p.mode != SplitMode::automatic) return b;
+  if (b.per_cta < kMinPieceUnits) b.per_cta = kMinPieceUnits;
+  const int k = p.batch > 0 && g >= p.batch ? g / p.batch : 1;
+  const int max_tiles = max_cost - kOverheadUnits;
+  const int least = p.min_piece_tiles > 1 ? p.min_piece_tiles : 1;
+  int t = (max_tiles + k - 1) / k;
+  t = t < least ? least : t;
+  if (std::int64_t(t + kOverheadUnits) * kAlignSlack <=
+      std::int64_t(b.per_cta + kOverheadUnits) * (kAlignSlack + 1)) {
+    b.per_cta = t + kOverheadUnits;
+    b.piece_tiles = t;
+  }
+  return b;
+}
+
+// Units request b occupies on the line: its cost (request_cost) on a packed plan; on an
+// aligned plan one budget per piece, ceil(tiles / piece_tiles) pieces (one for no KV), so the
+// request starts and ends at CTA boundaries.
+MLAKIT_HOST_DEVICE inline int line_cost(const PlanShape& p, const PlanBudget& b, int kv_len) {
+  if (b.piece_tiles <= 0) return request_cost(p, kv_len);
+  const int tiles = kv_tiles(kv_len);
+  const int pieces = tiles > 0 ? (tiles + b.piece_tiles - 1) / b.piece_tiles : 1;
+  return pieces * b.per_cta;
 }
 
 // What the planner writes per request.
 struct RequestPlan {
   int kv_len;        // clamped length
   int cost_begin;    // prefix[b]
-  int cost;          // units on the line: request_cost, padded to the plan's granule
+  int cost;          // units on the line (line_cost)
   int first_cta;     // first CTA that touches the request
   int num_pieces;    // CTAs that touch it; > 1 means split (partials + combine)
   int partial_base;  // first partial slot of a split request (exclusive scan of pieces)
@@ -243,20 +259,22 @@ MLAKIT_HOST_DEVICE inline CtaPlan cta_plan_of(const RequestPlan* r, int batch, i
   return cp;
 }
 
-// Leading units of a request that hold no KV: automatic mode's overhead units (token_at maps
-// them to token 0), at most cost - 1 so that a request without keys keeps one unit.
-MLAKIT_HOST_DEVICE inline int lead_units(const PlanShape& p, int cost) {
+// Leading units of a request that hold no KV: in automatic mode the positions token_at maps to
+// token 0 (pos x tiles < cost: ceil(cost / tiles) - 1 of them), all but the last unit for a
+// request without keys.
+MLAKIT_HOST_DEVICE inline int lead_units(const PlanShape& p, int cost, int kv_len) {
   if (p.mode != SplitMode::automatic) return 0;
-  return cost - 1 < kOverheadUnits ? cost - 1 : kOverheadUnits;
+  const int tiles = kv_tiles(kv_len);
+  if (tiles <= 0) return cost - 1;
+  const int lead = (cost + tiles - 1) / tiles - 1;
+  return lead < cost - 1 ? lead : cost - 1;
 }
 
 // First and count of the CTAs that process request r: those whose intervals meet r's past its
 // leading units. A CTA whose interval holds only those units would get an empty piece (no
-// KV, yet a partial to write and merge): with a budget of kOverheadUnits units and requests
-// aligned to CTA boundaries, every split request's first CTA did (H200, batch 1, kv 8192,
-// q_len 8: 65 pieces, one of them empty, against 64).
+// KV, yet a partial to write and merge).
 MLAKIT_HOST_DEVICE inline void request_ctas(const PlanShape& p, RequestPlan& r, int per_cta) {
-  r.first_cta = (r.cost_begin + lead_units(p, r.cost)) / per_cta;
+  r.first_cta = (r.cost_begin + lead_units(p, r.cost, r.kv_len)) / per_cta;
   r.num_pieces = (r.cost_begin + r.cost - 1) / per_cta - r.first_cta + 1;
 }
 
@@ -306,16 +324,13 @@ inline HostPlan plan_on_host(const PlanShape& p, const int* kv_len_clamped) {
     sum += cost;
     max_cost = cost > max_cost ? cost : max_cost;
   }
-  h.per_cta = plan_per_cta(p, sum, max_cost);
-  std::int64_t aligned = 0;
-  for (int b = 0; b < p.batch; ++b)
-    aligned += (request_cost(p, kv_len_clamped[b]) + h.per_cta - 1) / h.per_cta;
-  const int granule = plan_granule(p, h.per_cta, aligned);
+  const PlanBudget budget = plan_budget(p, sum, max_cost);
+  h.per_cta = budget.per_cta;
   int prefix = 0;
   for (int b = 0; b < p.batch; ++b) {
     h.requests[b].kv_len = kv_len_clamped[b];
     h.requests[b].cost_begin = prefix;
-    h.requests[b].cost = padded_cost(request_cost(p, kv_len_clamped[b]), granule);
+    h.requests[b].cost = line_cost(p, budget, kv_len_clamped[b]);
     prefix += h.requests[b].cost;
   }
   h.total = prefix;

@@ -23,7 +23,7 @@ inline constexpr int kSelfPlanMaxBatch = 128;
 inline constexpr int kSelfPlanBytes = kSelfPlanMaxBatch * static_cast<int>(sizeof(RequestPlan));
 inline constexpr int kSelfPlanStaticSlack = 1024;
 
-// The plan's per-request part, computed by one block of `Threads` threads: passes 1-4 below
+// The plan's per-request part, computed by one block of `Threads` threads: passes 1-3 below
 // write RequestPlan[batch] to `req` (global memory in plan_kernel, shared memory in a decode
 // kernel that plans for itself) and return the budget per CTA, the total cost and the number
 // of partial slots. Every thread of the block must call it; it ends with a barrier.
@@ -61,30 +61,15 @@ __device__ BlockPlan plan_requests(const DecodeArgs& a, const PlanShape& shape,
   }
   // max_cost is complete: the loop ends with __syncthreads (batch > 0 whenever it runs).
   BlockPlan out;
-  out.per_cta = plan_per_cta(shape, sum, max_cost);
+  const PlanBudget budget = plan_budget(shape, sum, max_cost);
+  out.per_cta = budget.per_cta;
 
-  // Pass 2: CTAs the requests need when each starts at a CTA boundary -> the granule.
-  int aligned = 0;
-  if (shape.mode == SplitMode::automatic) {
-    for (int base = 0; base < shape.batch; base += Threads) {
-      const int b = base + tid;
-      const int n = b < shape.batch
-                        ? (request_cost(shape, req[b].kv_len) + out.per_cta - 1) / out.per_cta
-                        : 0;
-      int excl = 0, total = 0;
-      Scan(scan_storage).run(n, excl, total);
-      aligned += total;
-      __syncthreads();
-    }
-  }
-  const int granule = plan_granule(shape, out.per_cta, aligned);
-
-  // Pass 3: the exclusive scan of the (padded) request costs.
+  // Pass 2: the exclusive scan of the requests' units on the line.
   int carry = 0;
   for (int base = 0; base < shape.batch; base += Threads) {
     const int b = base + tid;
     int cost = 0;
-    if (b < shape.batch) cost = padded_cost(request_cost(shape, req[b].kv_len), granule);
+    if (b < shape.batch) cost = line_cost(shape, budget, req[b].kv_len);
     int excl = 0, total = 0;
     Scan(scan_storage).run(cost, excl, total);
     if (b < shape.batch) {
@@ -96,14 +81,14 @@ __device__ BlockPlan plan_requests(const DecodeArgs& a, const PlanShape& shape,
   }
   out.total = carry;
 
-  // Pass 4: CTAs touching each request, and partial slots of split requests.
+  // Pass 3: CTAs touching each request, and partial slots of split requests.
   carry = 0;
   for (int base = 0; base < shape.batch; base += Threads) {
     const int b = base + tid;
     RequestPlan r{};
     int pieces = 0;
     if (b < shape.batch) {
-      r = req[b];  // written by this same thread in pass 3
+      r = req[b];  // written by this same thread in pass 2
       request_ctas(shape, r, out.per_cta);
       pieces = r.num_pieces > 1 ? r.num_pieces : 0;
     }
@@ -165,7 +150,7 @@ __global__ void __launch_bounds__(Threads)
   if (tid == 0) store_plan_header(ws, bp);
   __syncthreads();  // every RequestPlan is written before the CTA ranges search them
 
-  // Pass 5: request range of every CTA.
+  // Pass 4: request range of every CTA.
   for (int c = tid; c < shape.num_ctas; c += Threads)
     ws.ctas[c] = cta_plan_of(ws.requests, shape.batch, c, bp.per_cta, bp.total);
 }
