@@ -51,7 +51,7 @@ std::string check_plan(const PlanShape& p, const std::vector<int>& lens, PlanSta
 
   // Totals and the per-CTA budget: ceil(total / G) units, so the load is balanced; in
   // automatic mode at least kMinPieceUnits, or the aligned budget: t + kOverheadUnits with t
-  // the least tile count (at least min_piece_tiles) that cuts the longest request into at most
+  // the least tile count (at least the least piece) that cuts the longest request into at most
   // floor(G / B) pieces, if that makespan is at most 1/8 longer (counting the overhead).
   long long raw_total = 0, max_tiles = 0;
   for (int len : lens) {
@@ -63,7 +63,11 @@ std::string check_plan(const PlanShape& p, const std::vector<int>& lens, PlanSta
   if (p.mode == SplitMode::automatic) {
     per = std::max<long long>(per, kMinPieceUnits);
     const long long k = G / B;
-    long long cand = std::max<long long>(std::max(1, p.min_piece_tiles), ceil_div(max_tiles, k));
+    // Pieces under kMinPieceTiles tiles only where the policy allows them and the longest
+    // request has at most kShortRequestTiles tiles.
+    long long least = std::max(1, p.min_piece_tiles);
+    if (max_tiles > kShortRequestTiles) least = std::max<long long>(least, kMinPieceTiles);
+    const long long cand = std::max(least, ceil_div(max_tiles, k));
     if (8 * (cand + kOverheadUnits) <= 9 * (per + kOverheadUnits)) {
       t = cand;
       per = cand + kOverheadUnits;
@@ -336,7 +340,9 @@ TEST_CASE("planner: equal lengths split into equal pieces, or not at all", "[pla
       {8, 8192, 1, 1, 2, 16, 8},     // batch 8, one row tile: 16 pieces of 8 (packed: 17)
       {1, 8192, 2, 1, 2, 64, 2},     // batch 1: 64 pieces of 2 tiles (min_piece_tiles)
       {1, 8192, 1, 2, 2, 64, 2},     //   ... also with 264 CTAs
-      {1, 1024, 1, 2, 1, 16, 1},     // a policy with 1-tile pieces: 16 of them
+      {1, 1024, 1, 2, 1, 16, 1},     // a policy with 1-tile pieces (16-row tiles): 16 of them
+      {1, 2048, 1, 2, 1, 32, 1},     //   ... up to kShortRequestTiles tiles
+      {1, 8192, 1, 2, 1, 64, 2},     //   ... but 2-tile pieces for longer requests
       {1, 32768, 2, 1, 2, 64, 8},    // batch 1, kv_len 32768: 64 pieces of 8 tiles
   };
   for (const C& c : cases) {

@@ -31,7 +31,10 @@ namespace mlakit {
 inline constexpr int kPlanTokens = 64;    // KV tokens per cost unit (one KV tile)
 inline constexpr int kOverheadUnits = 2;  // automatic mode: fixed cost of each request (piece)
 inline constexpr int kMinPieceUnits = 2;  // automatic mode: least budget per CTA, in units
-inline constexpr int kMinPieceTiles = 2;  // automatic mode: default least tiles of an aligned piece
+inline constexpr int kMinPieceTiles = 2;  // automatic mode: least tiles of an aligned piece
+// Automatic mode: requests of at most this many tiles may be cut into pieces of fewer than
+// kMinPieceTiles tiles where the policy allows it (PlanShape::min_piece_tiles).
+inline constexpr int kShortRequestTiles = 32;
 inline constexpr int kAlignSlack = 8;     // automatic mode: aligned makespan <= least x (1 + 1/8)
 // Automatic mode: most CTAs per request (on average). High enough that one long request fills
 // every SM (batch 1 x 131072 tokens had 64 CTAs under the old cap, the fixed-mode limit
@@ -46,8 +49,10 @@ struct PlanShape {
   int num_ctas = 0;   // CTAs along the KV dimension (the planner's G)
   SplitMode mode = SplitMode::automatic;
   int fixed_splits = 1;
-  // Automatic mode: least KV tiles of a piece in an aligned plan (a piece of fewer tiles moves
-  // less KV than the Q load and partial it costs; set per tile policy, >= 1).
+  // Automatic mode: least KV tiles of a piece in an aligned plan when the longest request has
+  // at most kShortRequestTiles tiles (set per tile policy, >= 1); longer requests get at least
+  // kMinPieceTiles (a shorter piece moves less KV than the Q load and partial it costs, and
+  // adds a partial to merge).
   int min_piece_tiles = kMinPieceTiles;
 
   // Upper bound on pieces that belong to split requests: each CTA is the first or last CTA
@@ -147,6 +152,12 @@ MLAKIT_HOST_DEVICE inline int per_cta_units(int total, int num_ctas) {
   return u < 1 ? 1 : u;
 }
 
+// Least tiles of a piece of an aligned plan whose longest request has max_tiles tiles.
+MLAKIT_HOST_DEVICE inline int least_piece_tiles(const PlanShape& p, int max_tiles) {
+  const int m = p.min_piece_tiles > 1 ? p.min_piece_tiles : 1;
+  return max_tiles <= kShortRequestTiles || m >= kMinPieceTiles ? m : kMinPieceTiles;
+}
+
 // The budget of a plan: units per CTA, and for an aligned automatic plan the most KV tiles of
 // a piece (0: not aligned, requests packed end to end on the line).
 struct PlanBudget {
@@ -157,8 +168,8 @@ struct PlanBudget {
 // Budget of a plan, given the total and the largest of the request costs (request_cost).
 // Other modes: the least budget. Automatic mode: the least budget U (at least kMinPieceUnits:
 // a one-unit piece moves less KV than the Q load and partial it costs), or the aligned plan:
-// k = floor(num_ctas / batch) pieces for the longest request, t = max(min_piece_tiles,
-// ceil(max_tiles / k)) tiles per piece, t + kOverheadUnits units per CTA. Every request then
+// k = floor(num_ctas / batch) pieces for the longest request, t = max(least, ceil(max_tiles /
+// k)) tiles per piece (least_piece_tiles), t + kOverheadUnits units per CTA. Every request then
 // needs ceil(tiles / t) <= k CTAs, so the batch fits the grid. Taken when its makespan (t plus
 // the overhead) is at most 1/kAlignSlack longer than the packed plan's (U plus the overhead of
 // the piece a CTA continues).
@@ -170,7 +181,7 @@ MLAKIT_HOST_DEVICE inline PlanBudget plan_budget(const PlanShape& p, int total, 
   if (b.per_cta < kMinPieceUnits) b.per_cta = kMinPieceUnits;
   const int k = p.batch > 0 && g >= p.batch ? g / p.batch : 1;
   const int max_tiles = max_cost - kOverheadUnits;
-  const int least = p.min_piece_tiles > 1 ? p.min_piece_tiles : 1;
+  const int least = least_piece_tiles(p, max_tiles);
   int t = (max_tiles + k - 1) / k;
   t = t < least ? least : t;
   if (std::int64_t(t + kOverheadUnits) * kAlignSlack <=
