@@ -211,8 +211,9 @@ std::string check_plan(const PlanShape& p, const std::vector<int>& lens, PlanSta
       if (load_of[c] > bound)
         return "CTA " + std::to_string(c) + " per-piece load " + std::to_string(load_of[c]) +
                " > " + std::to_string(bound);
-      if (rounded && pieces_of[c] > 1) return "aligned plan: CTA " + std::to_string(c) + " has " +
-                                              std::to_string(pieces_of[c]) + " pieces";
+      if (rounded && pieces_of[c] > 1)
+        return "aligned plan: CTA " + std::to_string(c) + " has " + std::to_string(pieces_of[c]) +
+               " pieces";
       if (stats)
         stats->max_overload = std::max<int>(stats->max_overload, int(load_of[c] - h.per_cta));
     }
@@ -353,8 +354,8 @@ TEST_CASE("planner: equal lengths split into equal pieces, or not at all", "[pla
     p.min_piece_tiles = c.min_tiles;
     p.num_ctas = plan_num_ctas(p.mode, 1, p.batch, p.row_tiles, 132, c.per_sm);
     const std::vector<int> lens(c.batch, c.len);
-    INFO("batch " << c.batch << " kv_len " << c.len << " row tiles " << c.row_tiles
-                  << " per SM " << c.per_sm << " CTAs " << p.num_ctas);
+    INFO("batch " << c.batch << " kv_len " << c.len << " row tiles " << c.row_tiles << " per SM "
+                  << c.per_sm << " CTAs " << p.num_ctas);
     REQUIRE(check_plan(p, lens, nullptr).empty());
     const HostPlan h = plan_on_host(p, lens.data());
     for (int b = 0; b < c.batch; ++b) {

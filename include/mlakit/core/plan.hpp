@@ -35,7 +35,7 @@ inline constexpr int kMinPieceTiles = 2;  // automatic mode: least tiles of an a
 // Automatic mode: requests of at most this many tiles may be cut into pieces of fewer than
 // kMinPieceTiles tiles where the policy allows it (PlanShape::min_piece_tiles).
 inline constexpr int kShortRequestTiles = 32;
-inline constexpr int kAlignSlack = 8;     // automatic mode: aligned makespan <= least x (1 + 1/8)
+inline constexpr int kAlignSlack = 8;  // automatic mode: aligned makespan <= least x (1 + 1/8)
 // Automatic mode: most CTAs per request (on average). High enough that one long request fills
 // every SM (batch 1 x 131072 tokens had 64 CTAs under the old cap, the fixed-mode limit
 // kMaxSplits, and ran at a tenth of the memory bound); the combine kernel merges hundreds of
@@ -120,7 +120,9 @@ MLAKIT_HOST_DEVICE inline int request_cost(const PlanShape& p, int kv_len) {
 }
 
 // KV tiles of a request of kv_len tokens.
-MLAKIT_HOST_DEVICE inline int kv_tiles(int kv_len) { return (kv_len + kPlanTokens - 1) / kPlanTokens; }
+MLAKIT_HOST_DEVICE inline int kv_tiles(int kv_len) {
+  return (kv_len + kPlanTokens - 1) / kPlanTokens;
+}
 
 // First KV token that belongs to cost position `pos` (0..cost) of a request: the pieces of a
 // request cover [token_at(lo), token_at(hi)) and together exactly [0, kv_len). Automatic mode:
