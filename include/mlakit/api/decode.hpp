@@ -32,10 +32,7 @@ inline PlanShape plan_shape_for(const DecodeArgs& a, int policy, const DeviceInf
   s.row_tiles = (a.rows() + tp.rows - 1) / tp.rows;
   s.mode = a.split_mode;
   s.fixed_splits = a.split_mode == SplitMode::fixed ? a.num_splits : 1;
-  // 16-row tiles load 18 KB of Q per piece: one-tile pieces of short requests pay off there
-  // (H200, batch 1 x 1024 tokens, 16 pieces instead of 8: bf16 KV 18.2 -> 14.4 us, e4m3fn 13.4
-  // -> 11.9), not at 8192 tokens (128 pieces instead of 64: 0.7 us slower).
-  s.min_piece_tiles = tp.rows <= 16 ? 1 : kMinPieceTiles;
+  s.min_piece_tiles = tp.min_piece_tiles;
   s.num_ctas =
       plan_num_ctas(s.mode, s.fixed_splits, s.batch, s.row_tiles, dev.sm_count, ctas_per_sm);
   return s;

@@ -50,9 +50,9 @@ struct PlanShape {
   SplitMode mode = SplitMode::automatic;
   int fixed_splits = 1;
   // Automatic mode: least KV tiles of a piece in an aligned plan when the longest request has
-  // at most kShortRequestTiles tiles (set per tile policy, >= 1); longer requests get at least
-  // kMinPieceTiles (a shorter piece moves less KV than the Q load and partial it costs, and
-  // adds a partial to merge).
+  // at most kShortRequestTiles tiles (arch::TilePolicy::min_piece_tiles, >= 1); longer requests
+  // get at least kMinPieceTiles (a shorter piece moves less KV than the Q load and partial it
+  // costs, and adds a partial to merge).
   int min_piece_tiles = kMinPieceTiles;
 
   // Upper bound on pieces that belong to split requests: each CTA is the first or last CTA
@@ -108,6 +108,11 @@ MLAKIT_HOST_DEVICE inline int clamp_kv_len(int len, std::int64_t capacity) {
   return std::int64_t(len) > capacity ? static_cast<int>(capacity) : len;
 }
 
+// KV tiles of a request of kv_len tokens.
+MLAKIT_HOST_DEVICE inline int kv_tiles(int kv_len) {
+  return (kv_len + kPlanTokens - 1) / kPlanTokens;
+}
+
 MLAKIT_HOST_DEVICE inline int request_cost(const PlanShape& p, int kv_len) {
   switch (p.mode) {
     case SplitMode::none:
@@ -115,13 +120,8 @@ MLAKIT_HOST_DEVICE inline int request_cost(const PlanShape& p, int kv_len) {
     case SplitMode::fixed:
       return p.fixed_splits;
     default:
-      return kOverheadUnits + (kv_len + kPlanTokens - 1) / kPlanTokens;
+      return kOverheadUnits + kv_tiles(kv_len);
   }
-}
-
-// KV tiles of a request of kv_len tokens.
-MLAKIT_HOST_DEVICE inline int kv_tiles(int kv_len) {
-  return (kv_len + kPlanTokens - 1) / kPlanTokens;
 }
 
 // First KV token that belongs to cost position `pos` (0..cost) of a request: the pieces of a
@@ -139,12 +139,8 @@ MLAKIT_HOST_DEVICE inline int token_at(const PlanShape& p, int kv_len, int cost,
       const std::int64_t t = std::int64_t(pos) * chunk;
       return t > kv_len ? kv_len : static_cast<int>(t);
     }
-    default: {
-      if (pos <= 0) return 0;
-      const std::int64_t tile = std::int64_t(pos) * kv_tiles(kv_len) / cost;
-      const std::int64_t t = tile * kPlanTokens;
-      return t > kv_len ? kv_len : static_cast<int>(t);
-    }
+    default:  // 0 <= pos < cost: tile < tiles, so the token is below kv_len
+      return static_cast<int>(std::int64_t(pos) * kv_tiles(kv_len) / cost) * kPlanTokens;
   }
 }
 
@@ -278,9 +274,7 @@ MLAKIT_HOST_DEVICE inline CtaPlan cta_plan_of(const RequestPlan* r, int batch, i
 MLAKIT_HOST_DEVICE inline int lead_units(const PlanShape& p, int cost, int kv_len) {
   if (p.mode != SplitMode::automatic) return 0;
   const int tiles = kv_tiles(kv_len);
-  if (tiles <= 0) return cost - 1;
-  const int lead = (cost + tiles - 1) / tiles - 1;
-  return lead < cost - 1 ? lead : cost - 1;
+  return tiles > 0 ? (cost + tiles - 1) / tiles - 1 : cost - 1;
 }
 
 // First and count of the CTAs that process request r: those whose intervals meet r's past its
