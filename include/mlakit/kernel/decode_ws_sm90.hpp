@@ -869,7 +869,7 @@ __global__ void __launch_bounds__(384, 1) decode_kernel_ws(const KernelArgs p) {
   WsSharedStorage& ss = *reinterpret_cast<WsSharedStorage*>(smem);
   using ML = WsMainloop<Tr>;
   const int row_tile = static_cast<int>(blockIdx.x);
-  const int cta = static_cast<int>(blockIdx.y);
+  const int cta = cta_slot(static_cast<int>(blockIdx.y), static_cast<int>(gridDim.y));
   const CtaPlan cp = p.ws.ctas[cta];
   const int per_cta = p.ws.header[1];
   DecodeMainloop<Tr> dm{p,
