@@ -112,8 +112,8 @@ MLAKIT_HOST_DEVICE inline int clamp_kv_len(int len, std::int64_t capacity) {
 // slots 0, 1, ... and odd ones the upper half, so that a plan that uses only its first slots
 // (a short request at small batch) runs on every other block. The H200 hands the blocks of a
 // one-CTA-per-SM grid to the two SMs of a TPC in turn (blocks 2k and 2k + 1 share one); spread
-// this way, 16 heads x q_len 4, batch 1, kv 8192 (64 pieces, 132 blocks) took 23.2 instead of
-// 26.1 us, what a grid of only its 64 working blocks took. Only the warp-specialized kernel uses
+// this way, 16 heads x q_len 4, fp8, batch 1, kv 8192 (64 pieces, 132 blocks) took 23.2 instead
+// of 26.1 us, what a grid of only its 64 working blocks took. Only the warp-specialized kernel uses
 // it: the two-CTA-per-SM kernels got slower with it (q_len 1, batch 1: +11 to +17%), the
 // keys-as-M 64-row kernel no faster.
 MLAKIT_HOST_DEVICE inline int cta_slot(int i, int g) {
