@@ -368,7 +368,7 @@ TEST_CASE("planner: equal lengths split into equal pieces, or not at all", "[pla
     }
     // The makespan (t + overhead: the budget) is never more than 1/8 above the packed plan's.
     long long raw = 0;
-    for (int len : lens) raw += kOverheadUnits + ceil_div(len, kPlanTokens);
+    for (int len : lens) raw += expected_cost(p, len);
     const long long least = std::max<long long>(kMinPieceUnits, ceil_div(raw, p.num_ctas));
     CHECK(8LL * h.per_cta <= 9 * (least + kOverheadUnits));
   }
@@ -403,6 +403,21 @@ TEST_CASE("planner: one grid serves every step (num_ctas never depends on kv_len
       INFO("trial " << trial << " step " << step << ": " << e);
       REQUIRE(e.empty());
     }
+  }
+}
+
+TEST_CASE("cta_slot: a bijection of the grid, even blocks first", "[planner]") {
+  for (int g = 1; g <= 300; ++g) {
+    std::vector<int> seen(g, 0);
+    for (int i = 0; i < g; ++i) {
+      const int s = cta_slot(i, g);
+      REQUIRE(s >= 0);
+      REQUIRE(s < g);
+      ++seen[s];
+      // Slots 0 .. ceil(g / 2) - 1 run on the even blocks, in order.
+      if (i % 2 == 0) REQUIRE(s == i / 2);
+    }
+    for (int s = 0; s < g; ++s) REQUIRE(seen[s] == 1);
   }
 }
 
