@@ -1,7 +1,9 @@
 // GPU tests of decode(): every axis of the domain against the double-precision reference,
 // on random data with NaN-poisoned outputs, unused pages and page tails.
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include "gpu_harness.hpp"
@@ -404,4 +406,65 @@ TEST_CASE("block table: stride 0 (packed rows) equals the explicit stride", "[gp
   const auto ref = run_reference(P);
   compare(P, ref, packed);
   CHECK(packed.rel_l2 < 1e-2);
+}
+
+// kv_len past kMaxKvLen is cut to it on the device, like a length past the page capacity. Each
+// request maps 2^23 pages of 256 tokens (capacity 2^31 tokens) that all alias its one real
+// page, and asks for INT_MAX tokens: the kernels run 2^30 keys, every key of the page exactly
+// 2^22 times, so O is the output over the page alone and LSE that one plus 22 ln 2 (no causal
+// mask, which would drop a few of the last page's repeats). The tolerances are looser than the
+// suite's: a CTA sums about 2^18 tiles into fp32 accumulators, which carry a relative rounding
+// of up to a few 1e-3 at that count; a dropped or repeated piece, a wrong clamp or a wrapped
+// index would be off by far more (or leave the NaN poison in place).
+TEST_CASE("kv_len past kMaxKvLen on aliased pages is cut to kMaxKvLen", "[gpu]") {
+  MLAKIT_REQUIRE_GPU();
+  struct V {
+    DType kv;
+    int q_len;
+  };
+  for (V v : {V{DType::fp8_e4m3fn, 8}, V{DType::fp8_e4m3fn, 1}, V{DType::bf16, 2}}) {
+    Case c;
+    c.q_type = DType::bf16;
+    c.kv_type = v.kv;
+    c.q_len = v.q_len;
+    c.causal = false;
+    c.page_size = 256;
+    c.ids = PageIds::csr;
+    c.kv_lens = {256, 256};
+    c.seed = 7;
+    INFO(c.name());
+    TestProblem P;
+    build(P, c);
+    REQUIRE(P.ok);
+    const auto ref = run_reference(P);  // over the one page of each request
+    // The aliased mapping: request b's 2^23 page ids all name its real page.
+    const int pages = 1 << 23;
+    REQUIRE(std::int64_t(pages) * c.page_size > std::numeric_limits<int>::max());
+    std::vector<std::int32_t> indptr = {0, pages, 2 * pages};
+    std::vector<std::int32_t> indices(std::size_t(2) * pages);
+    std::fill(indices.begin(), indices.begin() + pages, P.indices[0]);
+    std::fill(indices.begin() + pages, indices.end(), P.indices[1]);
+    const std::vector<std::int32_t> lens = {std::numeric_limits<int>::max(), kMaxKvLen + 12345};
+    DeviceBuffer d_indptr(indptr.size() * 4), d_indices(indices.size() * 4), d_lens(lens.size() * 4);
+    REQUIRE(d_indptr.ptr);
+    REQUIRE(d_indices.ptr);
+    REQUIRE(d_lens.ptr);
+    REQUIRE(gpu_h2d(d_indptr.ptr, indptr.data(), indptr.size() * 4));
+    REQUIRE(gpu_h2d(d_indices.ptr, indices.data(), indices.size() * 4));
+    REQUIRE(gpu_h2d(d_lens.ptr, lens.data(), lens.size() * 4));
+    P.dev.kv_indptr = d_indptr.as<std::int32_t>();
+    P.dev.kv_indices = d_indices.as<std::int32_t>();
+    P.dev.kv_len = d_lens.as<std::int32_t>();
+    DeviceBuffer ws(workspace_for(P.dev));
+    Outcome o = run_device(P, ws);
+    INFO(o.status.message());
+    REQUIRE(o.status.is_ok());
+    auto big = ref;
+    for (double& l : big.lse) l += 22.0 * std::log(2.0);
+    compare(P, big, o);
+    INFO("rel_l2 " << o.rel_l2 << " max_abs " << o.max_abs << " lse_err " << o.lse_err);
+    CHECK(o.rel_l2 < 2e-2);
+    CHECK(o.lse_err < 2e-2);
+    ++g_cases;
+  }
 }

@@ -26,15 +26,24 @@ const char* mode_name(SplitMode m) {
   return m == SplitMode::automatic ? "automatic" : m == SplitMode::none ? "none" : "fixed";
 }
 
+long long ceil_div(long long a, long long b) { return (a + b - 1) / b; }
+
 // Cost of a request as docs/design.md ("Planner") and plan.hpp define it, spelled out
-// independently.
-long long expected_cost(const PlanShape& p, int len) {
+// independently: automatic mode counts 2^shift tiles per unit (shift 0 but for absurd lines).
+long long expected_cost(const PlanShape& p, int len, int shift = 0) {
   if (p.mode == SplitMode::none) return 1;
   if (p.mode == SplitMode::fixed) return p.fixed_splits;
-  return kOverheadUnits + (len + kPlanTokens - 1LL) / kPlanTokens;
+  return kOverheadUnits + ceil_div(ceil_div(len, kPlanTokens), 1LL << shift);
 }
 
-long long ceil_div(long long a, long long b) { return (a + b - 1) / b; }
+// The least shift that keeps batch x (overhead + the longest request's units) within
+// kMaxLineUnits (automatic mode; 0 otherwise).
+int expected_shift(const PlanShape& p, long long max_tiles) {
+  if (p.mode != SplitMode::automatic) return 0;
+  int s = 0;
+  while (1LL * p.batch * (kOverheadUnits + ceil_div(max_tiles, 1LL << s)) > kMaxLineUnits) ++s;
+  return s;
+}
 
 struct PlanStats {
   int max_pieces = 0;    // most CTAs one request was cut over
@@ -54,10 +63,11 @@ std::string check_plan(const PlanShape& p, const std::vector<int>& lens, PlanSta
   // the least tile count (at least the least piece) that cuts the longest request into at most
   // floor(G / B) pieces, if that makespan is at most 1/8 longer (counting the overhead).
   long long raw_total = 0, max_tiles = 0;
-  for (int len : lens) {
-    raw_total += expected_cost(p, len);
-    max_tiles = std::max(max_tiles, ceil_div(len, kPlanTokens));
-  }
+  for (int len : lens) max_tiles = std::max(max_tiles, ceil_div(len, kPlanTokens));
+  const int shift = expected_shift(p, max_tiles);
+  const long long unit = 1LL << shift;  // tiles per unit
+  for (int len : lens) raw_total += expected_cost(p, len, shift);
+  if (raw_total > kMaxLineUnits + 2LL * B) return "the line is longer than kMaxLineUnits";
   long long per = std::max(1LL, ceil_div(raw_total, G));
   long long t = 0;  // tiles per piece of an aligned plan, 0: packed
   if (p.mode == SplitMode::automatic) {
@@ -66,8 +76,9 @@ std::string check_plan(const PlanShape& p, const std::vector<int>& lens, PlanSta
     // Pieces under kMinPieceTiles tiles only where the policy allows them and the longest
     // request has at most kShortRequestTiles tiles.
     long long least = std::max(1, p.min_piece_tiles);
-    if (max_tiles > kShortRequestTiles) least = std::max<long long>(least, kMinPieceTiles);
-    const long long cand = std::max(least, ceil_div(max_tiles, k));
+    const long long max_units = ceil_div(max_tiles, unit);
+    if (max_units > kShortRequestTiles) least = std::max<long long>(least, kMinPieceTiles);
+    const long long cand = std::max(least, ceil_div(max_units, k));
     if (8 * (cand + kOverheadUnits) <= 9 * (per + kOverheadUnits)) {
       t = cand;
       per = cand + kOverheadUnits;
@@ -81,8 +92,10 @@ std::string check_plan(const PlanShape& p, const std::vector<int>& lens, PlanSta
   std::vector<long long> cost_of(B);
   long long total = 0;
   for (int b = 0; b < B; ++b) {
-    const long long c = expected_cost(p, lens[b]);
-    cost_of[b] = rounded ? std::max(1LL, ceil_div(ceil_div(lens[b], kPlanTokens), t)) * per : c;
+    const long long c = expected_cost(p, lens[b], shift);
+    cost_of[b] =
+        rounded ? std::max(1LL, ceil_div(ceil_div(ceil_div(lens[b], kPlanTokens), unit), t)) * per
+                : c;
     total += cost_of[b];
   }
   if (h.total != total) return "total " + std::to_string(h.total) + " != " + std::to_string(total);
@@ -144,13 +157,13 @@ std::string check_plan(const PlanShape& p, const std::vector<int>& lens, PlanSta
                  " tiles for " + std::to_string(hi - lo) + " of " + std::to_string(cost) + " units";
         if (lens[b] > 0 && tiles == 0) return err.str() + "empty piece";
         if (rounded) {
-          if (tiles > t) return err.str() + "aligned piece over the tile budget";
+          if (tiles > t * unit) return err.str() + "aligned piece over the tile budget";
           piece_min = std::min(piece_min, tiles);
           piece_max = std::max(piece_max, tiles);
         }
       }
       tokens_of[c] += pc.kv_end - pc.kv_begin;
-      load_of[c] += tiles + kOverheadUnits;
+      load_of[c] += ceil_div(tiles, unit) + kOverheadUnits;
       ++pieces_of[c];
     }
     // Aligned plans cut a request into pieces of equal tiles (within one).
@@ -205,7 +218,7 @@ std::string check_plan(const PlanShape& p, const std::vector<int>& lens, PlanSta
   // overhead; an aligned plan has one piece per CTA and load <= per_cta.
   if (p.mode == SplitMode::automatic) {
     for (int c = 0; c < G; ++c) {
-      if (tokens_of[c] > 1LL * h.per_cta * kPlanTokens)
+      if (tokens_of[c] > 1LL * h.per_cta * kPlanTokens * unit)
         return "CTA " + std::to_string(c) + " has more KV tokens than its budget";
       const long long bound = rounded ? h.per_cta : h.per_cta + 2 * kOverheadUnits;
       if (load_of[c] > bound)
@@ -321,6 +334,49 @@ TEST_CASE("planner: hand-picked mixes", "[planner]") {
           }
 }
 
+TEST_CASE("planner: lengths up to kMaxKvLen in any batch keep the line within int", "[planner]") {
+  // Page aliasing lets a request reach the length cap without the memory; 65535 such requests
+  // are 2^40 tiles. The line then counts 2^s tiles per unit, and the plan keeps every
+  // invariant of check_plan (coverage of [0, kv_len), budgets, partial slots).
+  std::mt19937_64 g(0x5eed0003);
+  struct C {
+    int batch, kind;  // kind 0: all kMaxKvLen, 1: one long among short, 2: random mix
+  };
+  int shifted = 0;
+  for (C c : {C{1, 0}, C{2, 0}, C{15, 0}, C{16, 0}, C{17, 1}, C{300, 2}, C{4096, 2}, C{65535, 0},
+              C{65535, 2}}) {
+    std::vector<int> lens(c.batch, kMaxKvLen);
+    if (c.kind == 1) {
+      for (int& x : lens) x = int(g() % 5000);
+      lens[g() % c.batch] = kMaxKvLen;
+    } else if (c.kind == 2) {
+      for (int& x : lens) x = g() % 3 ? kMaxKvLen - int(g() % 100000) : int(g() % 100000);
+    }
+    for (SplitMode m : {SplitMode::automatic, SplitMode::none, SplitMode::fixed})
+      for (int row_tiles : {1, 2}) {
+        PlanShape p;
+        p.batch = c.batch;
+        p.mode = m;
+        p.row_tiles = row_tiles;
+        p.fixed_splits = m == SplitMode::fixed ? std::max(1, std::min(64, 65535 / c.batch)) : 1;
+        p.num_ctas = plan_num_ctas(m, p.fixed_splits, p.batch, row_tiles, 132, 1);
+        const int s = plan_tile_shift(p, kv_tiles(*std::max_element(lens.begin(), lens.end())));
+        shifted += s > 0;
+        const std::string e = check_plan(p, lens, nullptr);
+        INFO(mode_name(m) << " batch " << c.batch << " kind " << c.kind << " row_tiles "
+                          << row_tiles << " shift " << s << ": " << e);
+        CHECK(e.empty());
+      }
+  }
+  CHECK(shifted > 0);  // the absurd batches did take the shifted line
+  // kv_tiles and the clamp at the int limit.
+  CHECK(kv_tiles(std::numeric_limits<int>::max()) == (1 << 25));
+  CHECK(kv_tiles(kMaxKvLen) == (1 << 24));
+  CHECK(kv_tiles(-5) == 0);
+  CHECK(kv_tiles(65) == 2);
+  CHECK(clamp_kv_len(std::numeric_limits<int>::max(), std::int64_t(1) << 40) == kMaxKvLen);
+}
+
 TEST_CASE("planner: equal lengths split into equal pieces, or not at all", "[planner]") {
   // Shapes measured on the H200 (132 SMs; kv_len 8192 is 128 tiles, 1024 is 16): the pieces
   // each request gets, k = floor(CTAs / batch) at most, each of the same tile count (within
@@ -431,7 +487,7 @@ TEST_CASE("clamp_kv_len: negative to 0, beyond capacity to capacity, negative ca
   };
   for (C c : {C{-1, 100, 0}, C{kMin, 100, 0}, C{0, 100, 0}, C{0, 0, 0}, C{5, 0, 0}, C{99, 100, 99},
               C{100, 100, 100}, C{101, 100, 100}, C{kMax, 100, 100},
-              C{kMax, std::int64_t(1) << 40, kMax}, C{7, std::int64_t(1) << 40, 7},
+              C{kMax, std::int64_t(1) << 40, kMaxKvLen}, C{7, std::int64_t(1) << 40, 7},
               C{300, 256, 256}, C{5, -64, 0}, C{0, -1, 0}, C{kMax, -(std::int64_t(1) << 40), 0}}) {
     INFO("len " << c.len << " capacity " << c.cap);
     CHECK(clamp_kv_len(c.len, c.cap) == c.want);

@@ -41,7 +41,7 @@ def decode(q, kv_cache, kv_len, *, block_table=None, kv_indptr=None, kv_indices=
     kv_cache   [pages, page_size, 576] or [pages, page_size, 1, 576]: bf16, fp16,
                float8_e4m3fn or float8_e4m3fnuz; page_size 1..256
     kv_len     [batch] int32 on the device: cached tokens per request, the q_len new ones
-               included (clamped on the device to the request's page capacity)
+               included (clamped on the device to the request's page capacity and 2^30)
     block_table [batch, max_pages] int32, or kv_indptr [batch + 1] with kv_indices (CSR)
     softmax_scale  multiplies Q.K; kv_scale multiplies every cache value (fp8 dequantisation)
     causal     bottom-right aligned: token t sees keys j <= kv_len - q_len + t

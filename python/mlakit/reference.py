@@ -5,7 +5,7 @@ fp8 caches decoded to float first), V their first 512 values, and the causal mas
 bottom-right: query token t of a request with L cached tokens and q_len new ones sees keys
 j <= L - q_len + t. LSE is the natural log of the softmax denominator, -inf for a row that
 sees no key (its output is 0). kv_len values are clamped like the library clamps them: a
-negative value counts as 0, a value past the request's page capacity is cut to it.
+negative value counts as 0, a value past the request's page capacity or past 2^30 is cut to it.
 
 It reads page ids and lengths on the host (.tolist()), so it synchronises: it is for tests and
 for checking results, and it is the CPU implementation of torch.ops.mlakit.decode.
@@ -13,6 +13,8 @@ for checking results, and it is the CPU implementation of torch.ops.mlakit.decod
 import torch
 
 from ._checks import HEAD_DIM_QK, HEAD_DIM_V
+
+MAX_KV_LEN = 1 << 30  # the library's kMaxKvLen (core/plan.hpp)
 
 
 def _gather(kv, idx):
@@ -42,7 +44,7 @@ def decode_reference(q, kv_cache, kv_len, *, block_table=None, kv_indptr=None, k
             pages = tables[b]
         else:
             pages = indices[indptr[b]:max(indptr[b], indptr[b + 1])]
-        length = min(max(lens[b], 0), len(pages) * page_size)
+        length = min(max(lens[b], 0), len(pages) * page_size, MAX_KV_LEN)
         used = pages[:(length + page_size - 1) // page_size]
         idx = torch.tensor(used, dtype=torch.long, device=kv.device)
         keys = _gather(kv, idx).reshape(-1, HEAD_DIM_QK)[:length].float() * kv_scale

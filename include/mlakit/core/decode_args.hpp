@@ -75,7 +75,8 @@ struct DecodeArgs {
   // Any value is accepted and nothing is reported: negative values count as 0, and values
   // beyond the request's page capacity (block table: max_pages_per_request x page_size; CSR:
   // (kv_indptr[b + 1] - kv_indptr[b]) x page_size) are clamped to it on the device, so no page
-  // outside the request's mapping is ever read. See page_capacity() in core/plan.hpp.
+  // outside the request's mapping is ever read; values past kMaxKvLen = 2^30 are cut to it.
+  // See page_capacity() and clamp_kv_len() in core/plan.hpp.
   const std::int32_t* kv_len = nullptr;
 
   // --- outputs -----------------------------------------------------------------------------

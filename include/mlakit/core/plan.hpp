@@ -36,6 +36,15 @@ inline constexpr int kMinPieceTiles = 2;  // automatic mode: least tiles of an a
 // kMinPieceTiles tiles where the policy allows it (PlanShape::min_piece_tiles).
 inline constexpr int kShortRequestTiles = 32;
 inline constexpr int kAlignSlack = 8;  // automatic mode: aligned makespan <= least x (1 + 1/8)
+// Longest request the planner and kernels take: kv_len is clamped to it on the device, like
+// the page capacity (clamp_kv_len). 2^30 tokens is beyond any model's context and leaves the
+// kernels' int token arithmetic (tile starts, a padded tile past the end) a factor of 2 of
+// headroom.
+inline constexpr int kMaxKvLen = 1 << 30;
+// Automatic mode: most units on the line. A batch whose longest request would exceed it counts
+// 2^s KV tiles per unit (tile_shift), so the int prefix sums of the line stay far from
+// overflow whatever the lengths (65535 requests of kMaxKvLen tokens: 2^40 tiles).
+inline constexpr int kMaxLineUnits = 1 << 28;
 // Automatic mode: most CTAs per request (on average). High enough that one long request fills
 // every SM (batch 1 x 131072 tokens had 64 CTAs under the old cap, the fixed-mode limit
 // kMaxSplits, and ran at a tenth of the memory bound); the combine kernel merges hundreds of
@@ -101,10 +110,11 @@ MLAKIT_HOST_DEVICE inline std::int64_t page_capacity(const DecodeArgs& a, int b)
 }
 
 // Request length after the device-side clamp: negative values count as 0 and values past the
-// request's page capacity are cut to it, so no page outside the mapping is ever read. A
-// negative capacity (a decreasing CSR kv_indptr) counts as 0.
+// request's page capacity are cut to it, so no page outside the mapping is ever read; lengths
+// past kMaxKvLen are cut to it. A negative capacity (a decreasing CSR kv_indptr) counts as 0.
 MLAKIT_HOST_DEVICE inline int clamp_kv_len(int len, std::int64_t capacity) {
   if (len <= 0 || capacity <= 0) return 0;
+  if (capacity > kMaxKvLen) capacity = kMaxKvLen;
   return std::int64_t(len) > capacity ? static_cast<int>(capacity) : len;
 }
 
@@ -120,19 +130,38 @@ MLAKIT_HOST_DEVICE inline int cta_slot(int i, int g) {
   return (i & 1) ? (g + 1) / 2 + (i >> 1) : (i >> 1);
 }
 
-// KV tiles of a request of kv_len tokens.
+// KV tiles of a request of kv_len tokens (0 for kv_len <= 0; no overflow near INT_MAX).
 MLAKIT_HOST_DEVICE inline int kv_tiles(int kv_len) {
-  return (kv_len + kPlanTokens - 1) / kPlanTokens;
+  return kv_len > 0 ? (kv_len - 1) / kPlanTokens + 1 : 0;
 }
 
-MLAKIT_HOST_DEVICE inline int request_cost(const PlanShape& p, int kv_len) {
+// Automatic mode: KV tiles per cost unit, as a power of two: the least s with
+// batch x (kOverheadUnits + ceil(max_tiles / 2^s)) <= kMaxLineUnits, where max_tiles is the
+// longest request's tile count. 0 for every batch whose line fits (all but absurd inputs:
+// 65535 requests of 4094 tiles, or 128 of 2 million); other modes count no tiles.
+MLAKIT_HOST_DEVICE inline int plan_tile_shift(const PlanShape& p, int max_tiles) {
+  if (p.mode != SplitMode::automatic || p.batch <= 0) return 0;
+  const std::int64_t room = kMaxLineUnits / p.batch - kOverheadUnits;  // >= 4094
+  int s = 0;
+  while (s < 30 && (std::int64_t(max_tiles) + (std::int64_t(1) << s) - 1) >> s > room) ++s;
+  return s;
+}
+
+// KV units of a request of kv_len tokens: its tiles counted 2^tile_shift per unit, rounded up.
+MLAKIT_HOST_DEVICE inline int kv_units(int kv_len, int tile_shift) {
+  const int tiles = kv_tiles(kv_len);
+  return tiles > 0 ? ((tiles - 1) >> tile_shift) + 1 : 0;
+}
+
+// Units of a request: none 1, fixed num_splits, automatic kOverheadUnits + kv_units.
+MLAKIT_HOST_DEVICE inline int request_cost(const PlanShape& p, int kv_len, int tile_shift = 0) {
   switch (p.mode) {
     case SplitMode::none:
       return 1;
     case SplitMode::fixed:
       return p.fixed_splits;
     default:
-      return kOverheadUnits + kv_tiles(kv_len);
+      return kOverheadUnits + kv_units(kv_len, tile_shift);
   }
 }
 
@@ -172,20 +201,23 @@ MLAKIT_HOST_DEVICE inline int least_piece_tiles(const PlanShape& p, int max_tile
 // a piece (0: not aligned, requests packed end to end on the line).
 struct PlanBudget {
   int per_cta = 1;
-  int piece_tiles = 0;
+  int piece_tiles = 0;  // in units of 2^tile_shift tiles
+  int tile_shift = 0;   // plan_tile_shift
 };
 
-// Budget of a plan, given the total and the largest of the request costs (request_cost).
-// Other modes: the least budget. Automatic mode: the least budget U (at least kMinPieceUnits:
+// Budget of a plan, given the total and the largest of the request costs (request_cost with
+// tile_shift, whose units every tile count here is in). Other modes: the least budget. Automatic mode: the least budget U (at least kMinPieceUnits:
 // a one-unit piece moves less KV than the Q load and partial it costs), or the aligned plan:
 // k = floor(num_ctas / batch) pieces for the longest request, t = max(least, ceil(max_tiles /
 // k)) tiles per piece (least_piece_tiles), t + kOverheadUnits units per CTA. Every request then
 // needs ceil(tiles / t) <= k CTAs, so the batch fits the grid. Taken when its makespan (t plus
 // the overhead) is at most 1/kAlignSlack longer than the packed plan's (U plus the overhead of
 // the piece a CTA continues).
-MLAKIT_HOST_DEVICE inline PlanBudget plan_budget(const PlanShape& p, int total, int max_cost) {
+MLAKIT_HOST_DEVICE inline PlanBudget plan_budget(const PlanShape& p, int total, int max_cost,
+                                                 int tile_shift = 0) {
   const int g = p.num_ctas > 0 ? p.num_ctas : 1;
   PlanBudget b;
+  b.tile_shift = tile_shift;
   b.per_cta = per_cta_units(total, g);
   if (p.mode != SplitMode::automatic) return b;
   if (b.per_cta < kMinPieceUnits) b.per_cta = kMinPieceUnits;
@@ -206,8 +238,8 @@ MLAKIT_HOST_DEVICE inline PlanBudget plan_budget(const PlanShape& p, int total, 
 // aligned plan one budget per piece, ceil(tiles / piece_tiles) pieces (one for no KV), so the
 // request starts and ends at CTA boundaries.
 MLAKIT_HOST_DEVICE inline int line_cost(const PlanShape& p, const PlanBudget& b, int kv_len) {
-  if (b.piece_tiles <= 0) return request_cost(p, kv_len);
-  const int tiles = kv_tiles(kv_len);
+  if (b.piece_tiles <= 0) return request_cost(p, kv_len, b.tile_shift);
+  const int tiles = kv_units(kv_len, b.tile_shift);
   const int pieces = tiles > 0 ? (tiles + b.piece_tiles - 1) / b.piece_tiles : 1;
   return pieces * b.per_cta;
 }
@@ -337,13 +369,13 @@ struct HostPlan {
 inline HostPlan plan_on_host(const PlanShape& p, const int* kv_len_clamped) {
   HostPlan h;
   h.requests.resize(p.batch);
-  int sum = 0, max_cost = 0;
-  for (int b = 0; b < p.batch; ++b) {
-    const int cost = request_cost(p, kv_len_clamped[b]);
-    sum += cost;
-    max_cost = cost > max_cost ? cost : max_cost;
-  }
-  const PlanBudget budget = plan_budget(p, sum, max_cost);
+  int max_len = 0;
+  for (int b = 0; b < p.batch; ++b)
+    max_len = kv_len_clamped[b] > max_len ? kv_len_clamped[b] : max_len;
+  const int shift = plan_tile_shift(p, kv_tiles(max_len));
+  int sum = 0;
+  for (int b = 0; b < p.batch; ++b) sum += request_cost(p, kv_len_clamped[b], shift);
+  const PlanBudget budget = plan_budget(p, sum, request_cost(p, max_len, shift), shift);
   h.per_cta = budget.per_cta;
   int prefix = 0;
   for (int b = 0; b < p.batch; ++b) {

@@ -38,12 +38,15 @@ __device__ BlockPlan plan_requests(const DecodeArgs& a, const PlanShape& shape,
                                    RequestPlan* req) {
   using Scan = BlockExclusiveSum<Threads>;
   __shared__ typename Scan::Storage scan_storage;
-  __shared__ int max_cost;
+  __shared__ int max_len;
   const int tid = static_cast<int>(threadIdx.x);
 
-  // Pass 1: clamped lengths, the sum and the largest of the request costs.
-  if (tid == 0) max_cost = 0;
+  // Pass 1: clamped lengths, the longest one, and the sum of the request costs.
+  if (tid == 0) max_len = 0;
   __syncthreads();
+  // Costs are capped at the line's share of one request: a cost above it means a tile shift
+  // (below), which recounts the sum; below it the sum cannot pass kMaxLineUnits.
+  const int cost_cap = kMaxLineUnits / shape.batch;
   int sum = 0;
   for (int base = 0; base < shape.batch; base += Threads) {
     const int b = base + tid;
@@ -51,17 +54,29 @@ __device__ BlockPlan plan_requests(const DecodeArgs& a, const PlanShape& shape,
     if (b < shape.batch) {
       const int len = clamp_kv_len(a.kv_len[b], page_capacity(a, b));
       req[b].kv_len = len;  // read back by this same thread below
-      cost = request_cost(shape, len);
-      atomicMax(&max_cost, cost);  // order-free: the result is deterministic
+      cost = min(request_cost(shape, len), cost_cap);
+      atomicMax(&max_len, len);  // order-free: the result is deterministic
     }
     int excl = 0, total = 0;
     Scan(scan_storage).run(cost, excl, total);
     sum += total;
     __syncthreads();
   }
-  // max_cost is complete: the loop ends with __syncthreads (batch > 0 whenever it runs).
+  // max_len is complete: the loop ends with __syncthreads (batch > 0 whenever it runs).
+  const int shift = plan_tile_shift(shape, kv_tiles(max_len));
+  if (shift > 0) {  // a line of more than kMaxLineUnits units: 2^shift tiles per unit
+    sum = 0;
+    for (int base = 0; base < shape.batch; base += Threads) {
+      const int b = base + tid;
+      const int cost = b < shape.batch ? request_cost(shape, req[b].kv_len, shift) : 0;
+      int excl = 0, total = 0;
+      Scan(scan_storage).run(cost, excl, total);
+      sum += total;
+      __syncthreads();
+    }
+  }
   BlockPlan out;
-  const PlanBudget budget = plan_budget(shape, sum, max_cost);
+  const PlanBudget budget = plan_budget(shape, sum, request_cost(shape, max_len, shift), shift);
   out.per_cta = budget.per_cta;
 
   // Pass 2: the exclusive scan of the requests' units on the line.

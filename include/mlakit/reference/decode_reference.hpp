@@ -33,7 +33,8 @@ inline Status invalid(const std::string& msg) {
   return Status(StatusCode::invalid_argument, "decode_reference: " + msg);
 }
 
-// kv_len[b] clamped to [0, page capacity], with the device planner's functions (core/plan.hpp).
+// kv_len[b] clamped to [0, min(page capacity, kMaxKvLen)], with the device planner's
+// functions (core/plan.hpp).
 inline int effective_kv_len(const DecodeArgs& a, int b) {
   return clamp_kv_len(a.kv_len[b], page_capacity(a, b));
 }
