@@ -445,7 +445,8 @@ TEST_CASE("kv_len past kMaxKvLen on aliased pages is cut to kMaxKvLen", "[gpu]")
     std::fill(indices.begin(), indices.begin() + pages, P.indices[0]);
     std::fill(indices.begin() + pages, indices.end(), P.indices[1]);
     const std::vector<std::int32_t> lens = {std::numeric_limits<int>::max(), kMaxKvLen + 12345};
-    DeviceBuffer d_indptr(indptr.size() * 4), d_indices(indices.size() * 4), d_lens(lens.size() * 4);
+    DeviceBuffer d_indptr(indptr.size() * 4), d_indices(indices.size() * 4),
+        d_lens(lens.size() * 4);
     REQUIRE(d_indptr.ptr);
     REQUIRE(d_indices.ptr);
     REQUIRE(d_lens.ptr);

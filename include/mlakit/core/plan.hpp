@@ -137,8 +137,8 @@ MLAKIT_HOST_DEVICE inline int kv_tiles(int kv_len) {
 
 // Automatic mode: KV tiles per cost unit, as a power of two: the least s with
 // batch x (kOverheadUnits + ceil(max_tiles / 2^s)) <= kMaxLineUnits, where max_tiles is the
-// longest request's tile count. 0 for every batch whose line fits (all but absurd inputs:
-// 65535 requests of 4094 tiles, or 128 of 2 million); other modes count no tiles.
+// longest request's tile count. 0 whenever the line fits (all but absurd inputs: up to 65535
+// requests of 4094 tiles, or 128 of 2 million tiles); other modes count no tiles.
 MLAKIT_HOST_DEVICE inline int plan_tile_shift(const PlanShape& p, int max_tiles) {
   if (p.mode != SplitMode::automatic || p.batch <= 0) return 0;
   const std::int64_t room = kMaxLineUnits / p.batch - kOverheadUnits;  // >= 4094
@@ -206,8 +206,9 @@ struct PlanBudget {
 };
 
 // Budget of a plan, given the total and the largest of the request costs (request_cost with
-// tile_shift, whose units every tile count here is in). Other modes: the least budget. Automatic mode: the least budget U (at least kMinPieceUnits:
-// a one-unit piece moves less KV than the Q load and partial it costs), or the aligned plan:
+// tile_shift, whose units every tile count here is in). Other modes: the least budget.
+// Automatic mode: the least budget U (at least kMinPieceUnits: a one-unit piece moves less KV
+// than the Q load and partial it costs), or the aligned plan:
 // k = floor(num_ctas / batch) pieces for the longest request, t = max(least, ceil(max_tiles /
 // k)) tiles per piece (least_piece_tiles), t + kOverheadUnits units per CTA. Every request then
 // needs ceil(tiles / t) <= k CTAs, so the batch fits the grid. Taken when its makespan (t plus
