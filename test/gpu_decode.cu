@@ -412,10 +412,13 @@ TEST_CASE("block table: stride 0 (packed rows) equals the explicit stride", "[gp
 // request maps 2^23 pages of 256 tokens (capacity 2^31 tokens) that all alias its one real
 // page, and asks for INT_MAX tokens: the kernels run 2^30 keys, every key of the page exactly
 // 2^22 times, so O is the output over the page alone and LSE that one plus 22 ln 2 (no causal
-// mask, which would drop a few of the last page's repeats). The tolerances are looser than the
-// suite's: a CTA sums about 2^18 tiles into fp32 accumulators, which carry a relative rounding
-// of up to a few 1e-3 at that count; a dropped or repeated piece, a wrong clamp or a wrapped
-// index would be off by far more (or leave the NaN poison in place).
+// mask, which would drop a few of the last page's repeats). The LSE counts the keys: a piece
+// dropped or run twice (at least 1/264 of a request's keys here) moves it by 3.8e-3 or more,
+// a wrong clamp by far more. O mixes the same 256 keys whatever their count, so it checks that
+// the keys read are the right ones (a wrapped index reads other pages, or the NaN poison); its
+// bound is looser than the suite's because each CTA adds about 2^17 tiles into the tensor
+// cores' fp32 accumulators: the H200 measured a relative L2 error of 2.2e-2 for the bf16 cache
+// (LSE error 2.2e-4), against about 2e-3 for ordinary lengths.
 TEST_CASE("kv_len past kMaxKvLen on aliased pages is cut to kMaxKvLen", "[gpu]") {
   MLAKIT_REQUIRE_GPU();
   struct V {
@@ -463,9 +466,10 @@ TEST_CASE("kv_len past kMaxKvLen on aliased pages is cut to kMaxKvLen", "[gpu]")
     auto big = ref;
     for (double& l : big.lse) l += 22.0 * std::log(2.0);
     compare(P, big, o);
-    INFO("rel_l2 " << o.rel_l2 << " max_abs " << o.max_abs << " lse_err " << o.lse_err);
-    CHECK(o.rel_l2 < 2e-2);
-    CHECK(o.lse_err < 2e-2);
+    WARN(c.name() << ": rel_l2 " << o.rel_l2 << " max_abs " << o.max_abs << " lse_err "
+                  << o.lse_err);
+    CHECK(o.rel_l2 < 5e-2);
+    CHECK(o.lse_err < 2e-3);
     ++g_cases;
   }
 }

@@ -41,39 +41,25 @@ __device__ BlockPlan plan_requests(const DecodeArgs& a, const PlanShape& shape,
   __shared__ int max_len;
   const int tid = static_cast<int>(threadIdx.x);
 
-  // Pass 1: clamped lengths, the longest one, and the sum of the request costs.
+  // Pass 1: clamped lengths and the longest one, which sets the tile shift of the line
+  // (plan_tile_shift: 0 unless the line would pass kMaxLineUnits); then the sum of the costs.
   if (tid == 0) max_len = 0;
   __syncthreads();
-  // Costs are capped at the line's share of one request: a cost above it means a tile shift
-  // (below), which recounts the sum; below it the sum cannot pass kMaxLineUnits.
-  const int cost_cap = kMaxLineUnits / shape.batch;
+  for (int b = tid; b < shape.batch; b += Threads) {
+    const int len = clamp_kv_len(a.kv_len[b], page_capacity(a, b));
+    req[b].kv_len = len;  // read back by this same thread below
+    atomicMax(&max_len, len);  // order-free: the result is deterministic
+  }
+  __syncthreads();
+  const int shift = plan_tile_shift(shape, kv_tiles(max_len));
   int sum = 0;
   for (int base = 0; base < shape.batch; base += Threads) {
     const int b = base + tid;
-    int cost = 0;
-    if (b < shape.batch) {
-      const int len = clamp_kv_len(a.kv_len[b], page_capacity(a, b));
-      req[b].kv_len = len;  // read back by this same thread below
-      cost = min(request_cost(shape, len), cost_cap);
-      atomicMax(&max_len, len);  // order-free: the result is deterministic
-    }
+    const int cost = b < shape.batch ? request_cost(shape, req[b].kv_len, shift) : 0;
     int excl = 0, total = 0;
     Scan(scan_storage).run(cost, excl, total);
     sum += total;
     __syncthreads();
-  }
-  // max_len is complete: the loop ends with __syncthreads (batch > 0 whenever it runs).
-  const int shift = plan_tile_shift(shape, kv_tiles(max_len));
-  if (shift > 0) {  // a line of more than kMaxLineUnits units: 2^shift tiles per unit
-    sum = 0;
-    for (int base = 0; base < shape.batch; base += Threads) {
-      const int b = base + tid;
-      const int cost = b < shape.batch ? request_cost(shape, req[b].kv_len, shift) : 0;
-      int excl = 0, total = 0;
-      Scan(scan_storage).run(cost, excl, total);
-      sum += total;
-      __syncthreads();
-    }
   }
   BlockPlan out;
   const PlanBudget budget = plan_budget(shape, sum, request_cost(shape, max_len, shift), shift);
