@@ -41,12 +41,15 @@ struct PlannerCase {
   int row_tiles = 1;
   int sms = 132;
   int min_piece_tiles = kMinPieceTiles;
+  // PlanShape::may_shift from the longest capacity (what decode() derives for a block table)
+  // rather than true (the search for the longest request, always safe).
+  bool bound_shift = false;
 
   std::string name() const {
     std::ostringstream s;
     s << "batch " << lens.size() << (ids == PageIds::csr ? " csr" : " bt") << " ps " << page_size
       << " mode " << int(mode) << "/" << splits << " row_tiles " << row_tiles << " sms " << sms
-      << " min piece " << min_piece_tiles;
+      << " min piece " << min_piece_tiles << (bound_shift ? " bounded shift" : "");
     return s.str();
   }
 };
@@ -67,6 +70,7 @@ std::string run_planner(const PlannerCase& c) {
   // Host plan from lengths clamped to each request's page capacity.
   std::vector<std::int32_t> indptr(batch + 1, 0);
   std::vector<int> clamped(batch);
+  std::int64_t max_cap = 0;
   for (int b = 0; b < batch; ++b) {
     std::int64_t cap = std::int64_t(c.max_pages) * c.page_size;
     if (c.ids == PageIds::csr) {
@@ -74,7 +78,9 @@ std::string run_planner(const PlannerCase& c) {
       cap = std::int64_t(c.pages[b]) * c.page_size;
     }
     clamped[b] = clamp_kv_len(c.lens[b], cap);
+    max_cap = cap > max_cap ? cap : max_cap;
   }
+  if (c.bound_shift) shape.may_shift = line_may_shift(shape, clamp_kv_len(kMaxKvLen, max_cap));
   const HostPlan h = plan_on_host(shape, clamped.data());
 
   // The planner touches only the plan part: keep the partial area small for huge grids.
@@ -374,6 +380,7 @@ TEST_CASE("device planner equals plan_on_host field by field", "[gpu]") {
     c.row_tiles = 1 + int(g() % 64);
     c.sms = trial % 3 == 0 ? 304 : 132;
     c.min_piece_tiles = 1 + trial % 3;
+    c.bound_shift = trial % 4 < 2;
     c.page_size = 1 + int(g() % 256);
     c.max_pages = 1 + int(g() % 3000);
     c.pages.resize(batch);

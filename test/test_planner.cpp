@@ -377,6 +377,41 @@ TEST_CASE("planner: lengths up to kMaxKvLen in any batch keep the line within in
   CHECK(clamp_kv_len(std::numeric_limits<int>::max(), std::int64_t(1) << 40) == kMaxKvLen);
 }
 
+TEST_CASE("line_may_shift: false only where no allowed length shifts the line", "[planner]") {
+  // The device planner skips the search for the longest request when PlanShape::may_shift is
+  // false, taking shift 0: sound only if every length up to the mapping's bound gives shift 0.
+  std::mt19937_64 g(0x5eed0004);
+  int fast = 0, slow = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    PlanShape p;
+    p.batch = trial % 4 == 0 ? 1 + int(g() % 20) : 1 + int(g() % 65535);
+    p.mode = trial % 7 == 0 ? SplitMode::fixed : SplitMode::automatic;
+    const int bound = trial % 3 == 0 ? kMaxKvLen : int(g() % (std::uint64_t(kMaxKvLen) + 1));
+    const bool may = line_may_shift(p, bound);
+    fast += !may;
+    slow += may;
+    const int max_tiles = kv_tiles(bound);
+    INFO("batch " << p.batch << " bound " << bound << " " << mode_name(p.mode));
+    CHECK(may == (expected_shift(p, max_tiles) > 0));  // the bound's own shift, by definition
+    // Monotone in the length: no length up to the bound needs a shift when the bound does not.
+    if (!may) CHECK(expected_shift(p, int(g() % (std::uint64_t(max_tiles) + 1))) == 0);
+    CHECK(plan_tile_shift(p, max_tiles) == expected_shift(p, max_tiles));
+  }
+  CHECK(fast > 0);
+  CHECK(slow > 0);
+  // Any batch of up to 15 requests takes the single pass whatever the mapping; lengths past
+  // kMaxKvLen count as kMaxKvLen.
+  for (int b = 1; b <= 15; ++b) {
+    PlanShape p;
+    p.batch = b;
+    CHECK_FALSE(line_may_shift(p, std::numeric_limits<int>::max()));
+  }
+  PlanShape p16;
+  p16.batch = 16;
+  CHECK(line_may_shift(p16, kMaxKvLen));
+  CHECK_FALSE(line_may_shift(p16, 8192));
+}
+
 TEST_CASE("planner: equal lengths split into equal pieces, or not at all", "[planner]") {
   // Shapes measured on the H200 (132 SMs; kv_len 8192 is 128 tiles, 1024 is 16): the pieces
   // each request gets, k = floor(CTAs / batch) at most, each of the same tile count (within

@@ -606,3 +606,32 @@ TEST_CASE("workspace_bytes depends on batch, heads, q_len, split mode and device
   z.batch = 0;
   CHECK(workspace_bytes(z, kH100) == 0);
 }
+
+TEST_CASE("plan_shape: may_shift from the longest length the page mapping allows", "[validate]") {
+  // Block tables bound every request by their capacity; CSR capacities live on the device, so
+  // only the batch bounds them (kMaxKvLen per request).
+  for (int batch : {1, 15, 16, 128, 65535}) {
+    for (PageIds ids : {PageIds::block_table, PageIds::csr}) {
+      DecodeArgs a = valid_args(ids);
+      a.batch = batch;
+      const int idx = detail::policy_index(a, kH100);
+      const PlanShape sh = detail::plan_shape(a, idx, kH100);
+      const int bound = ids == PageIds::block_table ? 40 * 64 : kMaxKvLen;
+      INFO("batch " << batch << (ids == PageIds::block_table ? " block table" : " csr"));
+      CHECK(sh.may_shift == line_may_shift(sh, bound));
+      CHECK(sh.may_shift == (ids == PageIds::csr && batch >= 16));
+    }
+  }
+  // A block table of 2^23 pages of 256 tokens allows kMaxKvLen (aliased pages).
+  DecodeArgs big = valid_args();
+  big.batch = 16;
+  big.page_size = 256;
+  big.max_pages_per_request = 1 << 23;
+  set_packed_strides(big);
+  CHECK(detail::plan_shape(big, detail::policy_index(big, kH100), kH100).may_shift);
+  DecodeArgs fixed = valid_args(PageIds::csr);
+  fixed.batch = 65535;
+  fixed.split_mode = SplitMode::fixed;
+  fixed.num_splits = 1;
+  CHECK_FALSE(detail::plan_shape(fixed, detail::policy_index(fixed, kH100), kH100).may_shift);
+}

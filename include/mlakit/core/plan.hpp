@@ -63,6 +63,10 @@ struct PlanShape {
   // get at least kMinPieceTiles (a shorter piece moves less KV than the Q load and partial it
   // costs, and adds a partial to merge).
   int min_piece_tiles = kMinPieceTiles;
+  // Automatic mode: whether some request lengths the page mapping allows could give the line a
+  // tile shift (line_may_shift, set on the host by plan_shape_for). When false the planner
+  // takes shift 0 without first finding the longest request. true is always safe.
+  bool may_shift = true;
 
   // Upper bound on pieces that belong to split requests: each CTA is the first or last CTA
   // of at most two split requests, and a request strictly inside a CTA's range is unsplit.
@@ -139,12 +143,25 @@ MLAKIT_HOST_DEVICE inline int kv_tiles(int kv_len) {
 // batch x (kOverheadUnits + ceil(max_tiles / 2^s)) <= kMaxLineUnits, where max_tiles is the
 // longest request's tile count. 0 whenever the line fits (all but absurd inputs: up to 65535
 // requests of 4094 tiles, or 128 of 2 million tiles); other modes count no tiles.
+// Multiplications only: a 64-bit division is a long subroutine on the GPU, and every planning
+// thread evaluates this.
 MLAKIT_HOST_DEVICE inline int plan_tile_shift(const PlanShape& p, int max_tiles) {
   if (p.mode != SplitMode::automatic || p.batch <= 0) return 0;
-  const std::int64_t room = kMaxLineUnits / p.batch - kOverheadUnits;  // >= 4094
+  const std::int64_t tiles = max_tiles;
   int s = 0;
-  while (s < 30 && (std::int64_t(max_tiles) + (std::int64_t(1) << s) - 1) >> s > room) ++s;
+  for (; s < 30; ++s) {
+    const std::int64_t units = (tiles + (std::int64_t(1) << s) - 1) >> s;  // ceil(tiles / 2^s)
+    if (p.batch * (kOverheadUnits + units) <= kMaxLineUnits) break;
+  }
   return s;
+}
+
+// Whether a request of up to max_len tokens (clamped: at most kMaxKvLen) could give the line of
+// p a tile shift: PlanShape::may_shift for the longest length a mapping allows, min(page
+// capacity, kMaxKvLen) for a block table, kMaxKvLen for CSR. False for every batch of up to
+// 15 requests and for block tables of ordinary capacity.
+MLAKIT_HOST_DEVICE inline bool line_may_shift(const PlanShape& p, int max_len) {
+  return plan_tile_shift(p, kv_tiles(max_len < kMaxKvLen ? max_len : kMaxKvLen)) > 0;
 }
 
 // KV units of a request of kv_len tokens: its tiles counted 2^tile_shift per unit, rounded up.

@@ -33,34 +33,54 @@ struct BlockPlan {
   int partials;
 };
 
-template <int Threads>
-__device__ BlockPlan plan_requests(const DecodeArgs& a, const PlanShape& shape,
-                                   RequestPlan* req) {
+// kFindShift: PlanShape::may_shift; false compiles to a single first pass with shift 0 (the
+// code every ordinary batch runs), true finds the longest request before counting.
+// scan_storage and max_len: the block's shared memory (plan_requests declares it once for both
+// forms).
+template <int Threads, bool kFindShift>
+__device__ BlockPlan plan_requests_impl(const DecodeArgs& a, const PlanShape& shape,
+                                        RequestPlan* req,
+                                        typename BlockExclusiveSum<Threads>::Storage& scan_storage,
+                                        int& max_len) {
   using Scan = BlockExclusiveSum<Threads>;
-  __shared__ typename Scan::Storage scan_storage;
-  __shared__ int max_len;
   const int tid = static_cast<int>(threadIdx.x);
 
-  // Pass 1: clamped lengths and the longest one, which sets the tile shift of the line
-  // (plan_tile_shift: 0 unless the line would pass kMaxLineUnits); then the sum of the costs.
+  // Pass 1: clamped lengths, the longest one and the sum of the costs. The longest sets the
+  // tile shift of the line (plan_tile_shift: 0 unless the line would pass kMaxLineUnits); with
+  // kFindShift it is found first and the costs are counted after it, else the shift is 0.
   if (tid == 0) max_len = 0;
   __syncthreads();
-  for (int b = tid; b < shape.batch; b += Threads) {
-    const int len = clamp_kv_len(a.kv_len[b], page_capacity(a, b));
-    req[b].kv_len = len;  // read back by this same thread below
-    atomicMax(&max_len, len);  // order-free: the result is deterministic
+  int shift = 0;
+  if constexpr (kFindShift) {
+    for (int b = tid; b < shape.batch; b += Threads) {
+      const int len = clamp_kv_len(a.kv_len[b], page_capacity(a, b));
+      req[b].kv_len = len;  // read back by this same thread below
+      atomicMax(&max_len, len);  // order-free: the result is deterministic
+    }
+    __syncthreads();
+    shift = plan_tile_shift(shape, kv_tiles(max_len));
   }
-  __syncthreads();
-  const int shift = plan_tile_shift(shape, kv_tiles(max_len));
   int sum = 0;
   for (int base = 0; base < shape.batch; base += Threads) {
     const int b = base + tid;
-    const int cost = b < shape.batch ? request_cost(shape, req[b].kv_len, shift) : 0;
+    int cost = 0;
+    if (b < shape.batch) {
+      int len;
+      if constexpr (kFindShift) {
+        len = req[b].kv_len;
+      } else {
+        len = clamp_kv_len(a.kv_len[b], page_capacity(a, b));
+        req[b].kv_len = len;  // read back by this same thread below
+        atomicMax(&max_len, len);  // order-free: the result is deterministic
+      }
+      cost = request_cost(shape, len, shift);
+    }
     int excl = 0, total = 0;
     Scan(scan_storage).run(cost, excl, total);
     sum += total;
     __syncthreads();
   }
+  // max_len is complete: each loop above ends with __syncthreads (batch > 0 whenever it runs).
   BlockPlan out;
   const PlanBudget budget = plan_budget(shape, sum, request_cost(shape, max_len, shift), shift);
   out.per_cta = budget.per_cta;
@@ -104,6 +124,18 @@ __device__ BlockPlan plan_requests(const DecodeArgs& a, const PlanShape& shape,
   }
   out.partials = carry;
   return out;
+}
+
+// The plan's per-request part (plan_requests_impl), for lengths that may (shape.may_shift) or
+// cannot shift the line.
+template <int Threads>
+__device__ BlockPlan plan_requests(const DecodeArgs& a, const PlanShape& shape,
+                                   RequestPlan* req) {
+  __shared__ typename BlockExclusiveSum<Threads>::Storage scan_storage;
+  __shared__ int max_len;
+  return shape.may_shift
+             ? plan_requests_impl<Threads, true>(a, shape, req, scan_storage, max_len)
+             : plan_requests_impl<Threads, false>(a, shape, req, scan_storage, max_len);
 }
 
 // The workspace header of a plan: total cost, budget per CTA, partial slots used.
