@@ -58,7 +58,7 @@ struct TilePolicy {
   // Automatic split plan, aligned plans (core/plan.hpp, PlanShape::split_cost_milli): what one
   // more split CTA costs the call, in thousandths of a CTA's time per KV tile; 0: pieces as
   // small as the grid allows. 45 for the NVIDIA 64-row tile, whose split piece loads 72 KB of Q
-  // and stores and merges a 128 KB partial. Fitted on the H200 (16 heads x q_len 8, bf16, whole
+  // and stores and merges a 64 KB partial. Fitted on the H200 (16 heads x q_len 8, bf16, whole
   // call in a graph, time against fixed splits): batch 1 x kv 8192 page 64 took 27.4 us in 64
   // pieces of 2 tiles and 25.4 in 32 of 4, batch 8 x kv 1024 page 1 28.9 in 8 pieces of 2
   // tiles and 27.9 in 4 of 4, while batch 1 x kv 32768 was fastest in 64 pieces of 8 tiles
