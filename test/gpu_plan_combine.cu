@@ -44,14 +44,12 @@ struct PlannerCase {
   // PlanShape::may_shift from the longest capacity (what decode() derives for a block table)
   // rather than true (the search for the longest request, always safe).
   bool bound_shift = false;
-  int split_cost = 0;  // PlanShape::split_cost_milli
 
   std::string name() const {
     std::ostringstream s;
     s << "batch " << lens.size() << (ids == PageIds::csr ? " csr" : " bt") << " ps " << page_size
       << " mode " << int(mode) << "/" << splits << " row_tiles " << row_tiles << " sms " << sms
-      << " min piece " << min_piece_tiles << " split cost " << split_cost
-      << (bound_shift ? " bounded shift" : "");
+      << " min piece " << min_piece_tiles << (bound_shift ? " bounded shift" : "");
     return s.str();
   }
 };
@@ -65,7 +63,6 @@ std::string run_planner(const PlannerCase& c) {
   shape.mode = c.mode;
   shape.fixed_splits = c.mode == SplitMode::fixed ? c.splits : 1;
   shape.min_piece_tiles = c.min_piece_tiles;
-  shape.split_cost_milli = c.split_cost;
   // 1 + batch % 2 CTAs per SM: both values the policies use.
   shape.num_ctas =
       plan_num_ctas(c.mode, shape.fixed_splits, batch, c.row_tiles, c.sms, 1 + batch % 2);
@@ -384,7 +381,6 @@ TEST_CASE("device planner equals plan_on_host field by field", "[gpu]") {
     c.sms = trial % 3 == 0 ? 304 : 132;
     c.min_piece_tiles = 1 + trial % 3;
     c.bound_shift = trial % 4 < 2;
-    c.split_cost = trial % 5 == 0 ? 0 : trial % 5 == 1 ? 45 : int(g() % 300);
     c.page_size = 1 + int(g() % 256);
     c.max_pages = 1 + int(g() % 3000);
     c.pages.resize(batch);

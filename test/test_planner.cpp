@@ -81,22 +81,7 @@ std::string check_plan(const PlanShape& p, const std::vector<int>& lens, PlanSta
     const long long cand = std::max(least, ceil_div(max_units, k));
     if (8 * (cand + kOverheadUnits) <= 9 * (per + kOverheadUnits)) {
       t = cand;
-      // With a split cost: the piece size among cand x 2^j (capped at max_units) of least
-      // estimated time, the longest piece's tiles plus the split CTAs' cost (first on ties).
-      if (p.split_cost_milli > 0) {
-        long long best_time = -1;
-        for (long long c = cand;; c = std::min(2 * c, max_units)) {
-          const long long n = ceil_div(max_units, c);
-          const long long time = 1000 * c * unit +
-                                 (n > 1 ? 1LL * p.split_cost_milli * B * p.row_tiles * n : 0);
-          if (best_time < 0 || time < best_time) {
-            best_time = time;
-            t = c;
-          }
-          if (c >= max_units) break;
-        }
-      }
-      per = t + kOverheadUnits;
+      per = cand + kOverheadUnits;
     }
   }
   if (h.per_cta != per)
@@ -300,7 +285,6 @@ TEST_CASE("planner: coverage, balance and capacity on random length mixes", "[pl
     p.mode = SplitMode(trial % 3);
     p.row_tiles = 1 + int(g() % 64);
     p.min_piece_tiles = 1 + int(g() % 4);
-    p.split_cost_milli = trial % 4 == 0 ? 0 : int(g() % 200);
     p.fixed_splits = p.mode == SplitMode::fixed ? 1 + int(g() % kMaxSplits) : 1;
     const int sms = trial % 2 ? 132 : 304;
     const int per_sm = 1 + (trial / 2) % 2;
@@ -433,7 +417,7 @@ TEST_CASE("planner: equal lengths split into equal pieces, or not at all", "[pla
   // each request gets, k = floor(CTAs / batch) at most, each of the same tile count (within
   // one). Requests start at CTA boundaries, so none gets k + 1 pieces at shifted boundaries.
   struct C {
-    int batch, len, row_tiles, per_sm, min_tiles, pieces, piece_tiles, split_cost = 0;
+    int batch, len, row_tiles, per_sm, min_tiles, pieces, piece_tiles;
   };
   const C cases[] = {
       {128, 8192, 1, 1, 2, 1, 128},  // 64-row tile, 128 requests on 132 SMs: no split
@@ -452,14 +436,6 @@ TEST_CASE("planner: equal lengths split into equal pieces, or not at all", "[pla
       {1, 2048, 1, 2, 1, 32, 1},     //   ... up to kShortRequestTiles tiles
       {1, 8192, 1, 2, 1, 64, 2},     //   ... but 2-tile pieces for longer requests
       {1, 32768, 2, 1, 2, 64, 8},    // batch 1, kv_len 32768: 64 pieces of 8 tiles
-      // The 64-row tile's split cost (arch::TilePolicy::split_cost_milli), measured best:
-      {1, 8192, 2, 1, 2, 32, 4, 45},   // batch 1: 32 pieces of 4 tiles, not 64 of 2
-      {8, 1024, 2, 1, 2, 4, 4, 45},    // batch 8 x kv 1024: 4 pieces of 4, not 8 of 2
-      {1, 32768, 2, 1, 2, 64, 8, 45},  // batch 1 x kv 32768: still 64 pieces of 8
-      {8, 8192, 2, 1, 2, 8, 16, 45},   // batch 8 x kv 8192: still 8 pieces of 16
-      {1, 1024, 2, 1, 2, 8, 2, 45},    // batch 1 x kv 1024: still 8 pieces of 2
-      {32, 8192, 2, 1, 2, 2, 64, 45},  // batch 32: still 2 pieces of 64
-      {128, 8192, 1, 1, 2, 1, 128, 45},
   };
   for (const C& c : cases) {
     PlanShape p;
@@ -467,11 +443,10 @@ TEST_CASE("planner: equal lengths split into equal pieces, or not at all", "[pla
     p.mode = SplitMode::automatic;
     p.row_tiles = c.row_tiles;
     p.min_piece_tiles = c.min_tiles;
-    p.split_cost_milli = c.split_cost;
     p.num_ctas = plan_num_ctas(p.mode, 1, p.batch, p.row_tiles, 132, c.per_sm);
     const std::vector<int> lens(c.batch, c.len);
     INFO("batch " << c.batch << " kv_len " << c.len << " row tiles " << c.row_tiles << " per SM "
-                  << c.per_sm << " CTAs " << p.num_ctas << " split cost " << c.split_cost);
+                  << c.per_sm << " CTAs " << p.num_ctas);
     REQUIRE(check_plan(p, lens, nullptr).empty());
     const HostPlan h = plan_on_host(p, lens.data());
     for (int b = 0; b < c.batch; ++b) {
@@ -482,12 +457,11 @@ TEST_CASE("planner: equal lengths split into equal pieces, or not at all", "[pla
         CHECK(pc.kv_end - pc.kv_begin == c.piece_tiles * kPlanTokens);
       }
     }
-    // Without a split cost, the makespan (t + overhead: the budget) is never more than 1/8
-    // above the packed plan's; with one, larger pieces are the point.
+    // The makespan (t + overhead: the budget) is never more than 1/8 above the packed plan's.
     long long raw = 0;
     for (int len : lens) raw += expected_cost(p, len);
     const long long least = std::max<long long>(kMinPieceUnits, ceil_div(raw, p.num_ctas));
-    if (c.split_cost == 0) CHECK(8LL * h.per_cta <= 9 * (least + kOverheadUnits));
+    CHECK(8LL * h.per_cta <= 9 * (least + kOverheadUnits));
   }
 }
 

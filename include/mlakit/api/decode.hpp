@@ -33,7 +33,6 @@ inline PlanShape plan_shape_for(const DecodeArgs& a, int policy, const DeviceInf
   s.mode = a.split_mode;
   s.fixed_splits = a.split_mode == SplitMode::fixed ? a.num_splits : 1;
   s.min_piece_tiles = tp.min_piece_tiles;
-  s.split_cost_milli = tp.split_cost_milli;
   s.may_shift = line_may_shift(
       s, a.page_ids == PageIds::block_table
              ? clamp_kv_len(kMaxKvLen, std::int64_t(a.max_pages_per_request) * a.page_size)

@@ -55,16 +55,6 @@ struct TilePolicy {
   // instead of 8: bf16 KV 18.2 -> 14.4 us, e4m3fn 13.4 -> 11.9; at 8192 tokens 128 one-tile
   // pieces were 0.7 us slower than 64 of two, hence the short-request bound).
   int min_piece_tiles = kMinPieceTiles;
-  // Automatic split plan, aligned plans (core/plan.hpp, PlanShape::split_cost_milli): what one
-  // more split CTA costs the call, in thousandths of a CTA's time per KV tile; 0: pieces as
-  // small as the grid allows. 45 for the NVIDIA 64-row tile, whose split piece loads 72 KB of Q
-  // and stores and merges a 64 KB partial. Fitted on the H200 (16 heads x q_len 8, bf16, whole
-  // call in a graph, time against fixed splits): batch 1 x kv 8192 page 64 took 27.4 us in 64
-  // pieces of 2 tiles and 25.4 in 32 of 4, batch 8 x kv 1024 page 1 28.9 in 8 pieces of 2
-  // tiles and 27.9 in 4 of 4, while batch 1 x kv 32768 was fastest in 64 pieces of 8 tiles
-  // (46.7 against 58.8 us in 32) and batch 8 x kv 8192 in 8 of 16; the estimate of
-  // aligned_piece_tiles picks each of those.
-  int split_cost_milli = 0;
 };
 
 // Requests x row tiles from which the automatic plan aims for fp8_ctas_per_sm CTAs per SM: with
@@ -103,8 +93,7 @@ inline constexpr TilePolicy kPolicies[] = {
     {16, 32, 128, 2, 36864, 2, 2, Mainloop::warp_mma, IdsAhead::small_pages, 3,
      Mainloop::keys_as_m, 1},
     {32, 64, 256, 2, 110592, 1, 4, Mainloop::warp_mma, IdsAhead::always, 0, Mainloop::keys_as_m},
-    {64, 64, 256, 2, 73728, 1, 3, Mainloop::warpgroup_ws, IdsAhead::never, 0, Mainloop::keys_as_m,
-     kMinPieceTiles, 45},
+    {64, 64, 256, 2, 73728, 1, 3, Mainloop::warpgroup_ws, IdsAhead::never, 0, Mainloop::keys_as_m},
 };
 #endif
 

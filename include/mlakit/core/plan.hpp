@@ -63,10 +63,6 @@ struct PlanShape {
   // get at least kMinPieceTiles (a shorter piece moves less KV than the Q load and partial it
   // costs, and adds a partial to merge).
   int min_piece_tiles = kMinPieceTiles;
-  // Automatic mode, aligned plans: what one more split CTA (a piece with a partial: its Q load,
-  // partial store and merge) costs the whole call, in thousandths of the time one CTA takes
-  // per KV tile (arch::TilePolicy::split_cost_milli; 0: pieces as small as the grid allows).
-  int split_cost_milli = 0;
   // Automatic mode: whether some request lengths the page mapping allows could give the line a
   // tile shift (line_may_shift, set on the host by plan_shape_for). When false the planner
   // takes shift 0 without first finding the longest request. true is always safe.
@@ -226,32 +222,6 @@ struct PlanBudget {
   int tile_shift = 0;   // plan_tile_shift
 };
 
-// Automatic mode, aligned plan: the tiles (units of 2^tile_shift tiles) per piece, from t0 (the
-// least that gives the longest request, of max_units units, floor(num_ctas / batch) pieces)
-// doubling up to max_units, that minimises the estimated time
-//   1000 x t x 2^tile_shift + split_cost_milli x batch x row_tiles x n(t)   (0 for n(t) = 1),
-// n(t) = ceil(max_units / t): the tiles of the longest piece plus the cost of the grid's split
-// CTAs. t0 when split_cost_milli is 0. A larger t means fewer pieces, so the batch still fits
-// the grid.
-MLAKIT_HOST_DEVICE inline int aligned_piece_tiles(const PlanShape& p, int t0, int max_units,
-                                                  int tile_shift) {
-  if (p.split_cost_milli <= 0 || t0 >= max_units) return t0;
-  const std::int64_t crowd = std::int64_t(p.split_cost_milli) * p.batch * p.row_tiles;
-  int best = t0;
-  std::int64_t best_time = 0;
-  for (int t = t0;;) {
-    const int n = (max_units - 1) / t + 1;
-    const std::int64_t time = (std::int64_t(1000) * t << tile_shift) + (n > 1 ? crowd * n : 0);
-    if (t == t0 || time < best_time) {
-      best = t;
-      best_time = time;
-    }
-    if (t >= max_units) break;
-    t = t > max_units / 2 ? max_units : 2 * t;
-  }
-  return best;
-}
-
 // Budget of a plan, given the total and the largest of the request costs (request_cost with
 // tile_shift, whose units every tile count here is in). Other modes: the least budget.
 // Automatic mode: the least budget U (at least kMinPieceUnits: a one-unit piece moves less KV
@@ -260,7 +230,7 @@ MLAKIT_HOST_DEVICE inline int aligned_piece_tiles(const PlanShape& p, int t0, in
 // k)) tiles per piece (least_piece_tiles), t + kOverheadUnits units per CTA. Every request then
 // needs ceil(tiles / t) <= k CTAs, so the batch fits the grid. Taken when its makespan (t plus
 // the overhead) is at most 1/kAlignSlack longer than the packed plan's (U plus the overhead of
-// the piece a CTA continues); then t grows where fewer split CTAs pay (aligned_piece_tiles).
+// the piece a CTA continues).
 MLAKIT_HOST_DEVICE inline PlanBudget plan_budget(const PlanShape& p, int total, int max_cost,
                                                  int tile_shift = 0) {
   const int g = p.num_ctas > 0 ? p.num_ctas : 1;
@@ -276,7 +246,6 @@ MLAKIT_HOST_DEVICE inline PlanBudget plan_budget(const PlanShape& p, int total, 
   t = t < least ? least : t;
   if (std::int64_t(t + kOverheadUnits) * kAlignSlack <=
       std::int64_t(b.per_cta + kOverheadUnits) * (kAlignSlack + 1)) {
-    t = aligned_piece_tiles(p, t, max_tiles, tile_shift);
     b.per_cta = t + kOverheadUnits;
     b.piece_tiles = t;
   }
