@@ -33,10 +33,11 @@ inline PlanShape plan_shape_for(const DecodeArgs& a, int policy, const DeviceInf
   s.mode = a.split_mode;
   s.fixed_splits = a.split_mode == SplitMode::fixed ? a.num_splits : 1;
   s.min_piece_tiles = tp.min_piece_tiles;
-  s.may_shift = line_may_shift(
-      s, a.page_ids == PageIds::block_table
-             ? clamp_kv_len(kMaxKvLen, std::int64_t(a.max_pages_per_request) * a.page_size)
-             : kMaxKvLen);
+  // The longest clamped length the mapping allows: a block table's capacity is the same for
+  // every request (page_capacity reads no memory for it); CSR capacities live on the device.
+  s.may_shift = line_may_shift(s, a.page_ids == PageIds::block_table
+                                      ? clamp_kv_len(kMaxKvLen, page_capacity(a, 0))
+                                      : kMaxKvLen);
   s.num_ctas =
       plan_num_ctas(s.mode, s.fixed_splits, s.batch, s.row_tiles, dev.sm_count, ctas_per_sm);
   return s;

@@ -143,8 +143,8 @@ MLAKIT_HOST_DEVICE inline int kv_tiles(int kv_len) {
 // batch x (kOverheadUnits + ceil(max_tiles / 2^s)) <= kMaxLineUnits, where max_tiles is the
 // longest request's tile count. 0 whenever the line fits (all but absurd inputs: up to 65535
 // requests of 4094 tiles, or 128 of 2 million tiles); other modes count no tiles.
-// Multiplications only: a 64-bit division is a long subroutine on the GPU, and every planning
-// thread evaluates this.
+// Multiplications only: a 64-bit division is a long subroutine on the GPU (the planner's
+// search form evaluates this in every thread).
 MLAKIT_HOST_DEVICE inline int plan_tile_shift(const PlanShape& p, int max_tiles) {
   if (p.mode != SplitMode::automatic || p.batch <= 0) return 0;
   const std::int64_t tiles = max_tiles;
