@@ -260,6 +260,57 @@ TEST_CASE("length mixes: 0, below q_len, 1 to 100k in one batch", "[gpu]") {
   check_case(d);
 }
 
+// The largest batch the domain allows (kMaxBatch = 65535), planned by the planner kernel's
+// large block: mostly empty and short requests with a few long ones; automatic mode splits
+// the requests that cross a CTA boundary of the line. One or two rows per request
+// (1 head x q_len 1 or 2) and 32-token pages keep Q and the host reference small; the
+// kernels of the 16-row tile run it (e4m3fn: the keys-as-M kernel on sm_90a; bf16: the
+// warp-specialized 64-row tile, padded, there; more rows at this batch would need gigabytes
+// of Q).
+TEST_CASE("batch 65535: empty, short and long requests in one call", "[gpu]") {
+  MLAKIT_REQUIRE_GPU();
+  struct V {
+    DType kv;
+    int heads, q_len;
+    SplitMode mode;
+  };
+  for (V v : {V{DType::fp8_e4m3fn, 1, 1, SplitMode::automatic},
+              V{DType::bf16, 1, 1, SplitMode::automatic},
+              V{DType::fp8_e4m3fn, 1, 1, SplitMode::none},
+              V{DType::fp8_e4m3fn, 1, 2, SplitMode::automatic}}) {
+    Case c;
+    c.q_type = DType::bf16;
+    c.kv_type = v.kv;
+    c.heads = v.heads;
+    c.q_len = v.q_len;
+    c.page_size = 32;
+    c.ids = PageIds::csr;
+    c.split = v.mode;
+    c.seed = 6553 + int(v.kv) + 10 * v.q_len + 100 * int(v.mode);
+    std::mt19937 rng(static_cast<unsigned>(c.seed));
+    c.kv_lens.assign(kMaxBatch, 0);
+    for (int& l : c.kv_lens) {
+      const unsigned r = rng() % 512;
+      l = r < 256 ? 0 : r < 508 ? int(rng() % 16) : int(rng() % 1000);
+    }
+    // The line is not aligned to CTA boundaries, so requests that cross one are split.
+    for (int k = 0; k < 4; ++k) c.kv_lens[rng() % kMaxBatch] = 5000 + int(rng() % 5000);
+    INFO(c.name());
+    TestProblem P;
+    build(P, c);
+    REQUIRE(P.ok);
+    DeviceBuffer ws(workspace_for(P.dev));
+    run_and_check(P, ws);
+    // The case reaches the combine: the plan splits some requests (none in mode none).
+    DeviceInfo dev;
+    REQUIRE(cached_device_info(&dev));
+    const PlanShape shape = detail::plan_shape(P.dev, detail::policy_index(P.dev, dev), dev);
+    const HostPlan h = plan_on_host(shape, P.kv_len.data());
+    INFO("partials " << h.partials << ", CTAs " << shape.num_ctas);
+    CHECK((v.mode == SplitMode::none ? h.partials == 0 : h.partials > 0));
+  }
+}
+
 TEST_CASE("random cross-product sample of the domain", "[gpu]") {
   MLAKIT_REQUIRE_GPU();
   std::mt19937 rng(7);

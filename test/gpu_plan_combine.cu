@@ -404,6 +404,44 @@ TEST_CASE("device planner equals plan_on_host field by field", "[gpu]") {
   CHECK(cases == 90);
 }
 
+// The largest batch (kMaxBatch): the planner kernel's large block, both page-id formats and
+// every split mode, lengths from planner_lengths (negative, empty, past the capacity, 1000x
+// apart), the line with and without the shift search.
+TEST_CASE("device planner equals plan_on_host at batch 65535", "[gpu]") {
+  MLAKIT_REQUIRE_GPU();
+  std::mt19937_64 g(0x91a4ffff);
+  int cases = 0;
+  for (int trial = 0; trial < 12; ++trial) {
+    PlannerCase c;
+    const int batch = kMaxBatch;
+    c.ids = trial % 2 ? PageIds::csr : PageIds::block_table;
+    c.mode = SplitMode((trial / 2) % 3);
+    c.splits = 1;  // fixed: batch x num_splits <= kMaxBatch
+    c.row_tiles = 1 + int(g() % 4);
+    c.sms = 132;
+    c.min_piece_tiles = 1 + trial % 2;
+    c.bound_shift = trial >= 6;
+    c.page_size = 1 + int(g() % 256);
+    c.max_pages = 1 + int(g() % 3000);
+    c.pages.resize(batch);
+    std::int64_t max_cap = std::int64_t(c.max_pages) * c.page_size;
+    if (c.ids == PageIds::csr) {
+      max_cap = 0;
+      for (int& p : c.pages) {
+        p = int(g() % 10) < 2 ? 0 : int(g() % 800);
+        max_cap = std::max<std::int64_t>(max_cap, std::int64_t(p) * c.page_size);
+      }
+    }
+    c.lens = planner_lengths(g, batch, std::max<std::int64_t>(max_cap, 1), trial % 2);
+    INFO("trial " << trial << ": " << c.name());
+    const std::string e = run_planner(c);
+    INFO(e);
+    CHECK(e.empty());
+    ++cases;
+  }
+  CHECK(cases == 12);
+}
+
 // Every case with decode()'s layout and with each forced one (1, 2, 4, 8 warps per row;
 // 1, 2 and 4 column slices).
 void check_combine(CombineCase c) {
