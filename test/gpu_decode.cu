@@ -58,6 +58,18 @@ void check_case(const Case& c, const Launcher& launch = nullptr) {
   run_and_check(P, ws, launch);
 }
 
+// The plan decode() makes for problem P on this device, computed on the host from P's lengths
+// (within each request's capacity by build()); `wl` receives the workspace layout of that plan.
+HostPlan host_plan_of(const TestProblem& P, detail::WorkspaceLayout* wl = nullptr) {
+  DeviceInfo dev;
+  REQUIRE(cached_device_info(&dev));
+  const int policy = detail::policy_index(P.dev, dev);
+  const PlanShape shape = detail::plan_shape(P.dev, policy, dev);
+  if (wl != nullptr)
+    *wl = detail::workspace_layout(shape, shape.row_tiles * arch::kPolicies[policy].rows);
+  return plan_on_host(shape, P.kv_len.data());
+}
+
 }  // namespace
 
 TEST_CASE("crash shape: bf16 Q, fp8 KV, 16 heads, q_len 8, causal, page 1 CSR", "[gpu]") {
@@ -221,15 +233,8 @@ TEST_CASE("self-planned calls leave the planner's plan in the workspace", "[gpu]
       DeviceBuffer ws(workspace_for(P.dev));
       run_and_check(P, ws);
 
-      DeviceInfo dev;
-      REQUIRE(cached_device_info(&dev));
-      const int policy = detail::policy_index(P.dev, dev);
-      const PlanShape shape = detail::plan_shape(P.dev, policy, dev);
-      const detail::WorkspaceLayout wl =
-          detail::workspace_layout(shape, shape.row_tiles * arch::kPolicies[policy].rows);
-      std::vector<int> clamped(batch);
-      for (int b = 0; b < batch; ++b) clamped[b] = P.kv_len[b];  // within capacity by build()
-      const HostPlan h = plan_on_host(shape, clamped.data());
+      detail::WorkspaceLayout wl;
+      const HostPlan h = host_plan_of(P, &wl);
       int header[3];
       REQUIRE(gpu_d2h(header, static_cast<char*>(ws.ptr) + wl.plan.header_offset, sizeof header));
       CHECK(header[0] == h.total);
@@ -302,11 +307,8 @@ TEST_CASE("batch 65535: empty, short and long requests in one call", "[gpu]") {
     DeviceBuffer ws(workspace_for(P.dev));
     run_and_check(P, ws);
     // The case reaches the combine: the plan splits some requests (none in mode none).
-    DeviceInfo dev;
-    REQUIRE(cached_device_info(&dev));
-    const PlanShape shape = detail::plan_shape(P.dev, detail::policy_index(P.dev, dev), dev);
-    const HostPlan h = plan_on_host(shape, P.kv_len.data());
-    INFO("partials " << h.partials << ", CTAs " << shape.num_ctas);
+    const HostPlan h = host_plan_of(P);
+    INFO("partials " << h.partials << ", CTAs " << h.ctas.size());
     CHECK((v.mode == SplitMode::none ? h.partials == 0 : h.partials > 0));
   }
 }

@@ -181,6 +181,34 @@ std::vector<int> planner_lengths(std::mt19937_64& g, int batch, std::int64_t cap
   return v;
 }
 
+// A random planner case of `batch` requests; `trial` picks the page-id format ((trial / 10) %
+// 2), split mode ((trial / 20) % 3), SM count, least piece, the shift form and the length mix.
+PlannerCase random_planner_case(std::mt19937_64& g, int batch, int trial) {
+  PlannerCase c;
+  c.ids = (trial / 10) % 2 ? PageIds::csr : PageIds::block_table;
+  c.mode = SplitMode((trial / 20) % 3);
+  c.splits = 1 + int(g() % kMaxSplits);
+  c.row_tiles = 1 + int(g() % 64);
+  c.sms = trial % 3 == 0 ? 304 : 132;
+  c.min_piece_tiles = 1 + trial % 3;
+  c.bound_shift = trial % 4 < 2;
+  c.page_size = 1 + int(g() % 256);
+  c.max_pages = 1 + int(g() % 3000);
+  c.pages.resize(batch);
+  std::int64_t max_cap = std::int64_t(c.max_pages) * c.page_size;
+  if (c.ids == PageIds::csr) {
+    max_cap = 0;
+    for (int& p : c.pages) {
+      // Some requests get a negative page count (a decreasing kv_indptr): capacity 0.
+      const int kind = int(g() % 10);
+      p = kind < 2 ? 0 : kind == 2 ? -int(g() % 50) : int(g() % 800);
+      max_cap = std::max<std::int64_t>(max_cap, std::int64_t(p) * c.page_size);
+    }
+  }
+  c.lens = planner_lengths(g, batch, std::max<std::int64_t>(max_cap, 1), int(trial % 2));
+  return c;
+}
+
 // ---- combine ---------------------------------------------------------------------------
 
 struct CombineCase {
@@ -372,29 +400,7 @@ TEST_CASE("device planner equals plan_on_host field by field", "[gpu]") {
   const int batches[] = {1, 2, 7, 128, 129, 1024, 1025, 2048, 2049, 5000};
   int cases = 0;
   for (int trial = 0; trial < 90; ++trial) {
-    PlannerCase c;
-    const int batch = batches[trial % 10];
-    c.ids = (trial / 10) % 2 ? PageIds::csr : PageIds::block_table;
-    c.mode = SplitMode((trial / 20) % 3);
-    c.splits = 1 + int(g() % kMaxSplits);
-    c.row_tiles = 1 + int(g() % 64);
-    c.sms = trial % 3 == 0 ? 304 : 132;
-    c.min_piece_tiles = 1 + trial % 3;
-    c.bound_shift = trial % 4 < 2;
-    c.page_size = 1 + int(g() % 256);
-    c.max_pages = 1 + int(g() % 3000);
-    c.pages.resize(batch);
-    std::int64_t max_cap = std::int64_t(c.max_pages) * c.page_size;
-    if (c.ids == PageIds::csr) {
-      max_cap = 0;
-      for (int& p : c.pages) {
-        // Some requests get a negative page count (a decreasing kv_indptr): capacity 0.
-        const int kind = int(g() % 10);
-        p = kind < 2 ? 0 : kind == 2 ? -int(g() % 50) : int(g() % 800);
-        max_cap = std::max<std::int64_t>(max_cap, std::int64_t(p) * c.page_size);
-      }
-    }
-    c.lens = planner_lengths(g, batch, std::max<std::int64_t>(max_cap, 1), int(trial % 2));
+    const PlannerCase c = random_planner_case(g, batches[trial % 10], trial);
     INFO("trial " << trial << ": " << c.name());
     const std::string e = run_planner(c);
     INFO(e);
@@ -405,34 +411,16 @@ TEST_CASE("device planner equals plan_on_host field by field", "[gpu]") {
 }
 
 // The largest batch (kMaxBatch): the planner kernel's large block, both page-id formats and
-// every split mode, lengths from planner_lengths (negative, empty, past the capacity, 1000x
-// apart), the line with and without the shift search.
+// every split mode (trials 10 k + k % 4 of random_planner_case's pattern), fixed splits kept
+// in the domain (batch x num_splits <= kMaxBatch).
 TEST_CASE("device planner equals plan_on_host at batch 65535", "[gpu]") {
   MLAKIT_REQUIRE_GPU();
   std::mt19937_64 g(0x91a4ffff);
   int cases = 0;
-  for (int trial = 0; trial < 12; ++trial) {
-    PlannerCase c;
-    const int batch = kMaxBatch;
-    c.ids = trial % 2 ? PageIds::csr : PageIds::block_table;
-    c.mode = SplitMode((trial / 2) % 3);
-    c.splits = 1;  // fixed: batch x num_splits <= kMaxBatch
-    c.row_tiles = 1 + int(g() % 4);
-    c.sms = 132;
-    c.min_piece_tiles = 1 + trial % 2;
-    c.bound_shift = trial >= 6;
-    c.page_size = 1 + int(g() % 256);
-    c.max_pages = 1 + int(g() % 3000);
-    c.pages.resize(batch);
-    std::int64_t max_cap = std::int64_t(c.max_pages) * c.page_size;
-    if (c.ids == PageIds::csr) {
-      max_cap = 0;
-      for (int& p : c.pages) {
-        p = int(g() % 10) < 2 ? 0 : int(g() % 800);
-        max_cap = std::max<std::int64_t>(max_cap, std::int64_t(p) * c.page_size);
-      }
-    }
-    c.lens = planner_lengths(g, batch, std::max<std::int64_t>(max_cap, 1), trial % 2);
+  for (int k = 0; k < 12; ++k) {
+    const int trial = 10 * k + k % 4;
+    PlannerCase c = random_planner_case(g, kMaxBatch, trial);
+    c.splits = 1;
     INFO("trial " << trial << ": " << c.name());
     const std::string e = run_planner(c);
     INFO(e);

@@ -438,7 +438,7 @@ struct KtMainloop {
   // Instead of reducing every row in every lane (3 shuffles per row), each step sends half of
   // a lane's rows to the lane whose bit 4, 3, then 2 differs and keeps the maximum of the other
   // half: kQ / 2 + kQ / 4 + kQ / 8 shuffles in all, after which lane (g, t) holds whole rows:
-  // v[i] is row_of(i + (kQ / 8) g, t) for i < kQ / 8. Exact (a maximum in another order).
+  // v[i] is row owned_row(i, g, t) for i < kQ / 8. Exact (a maximum in another order).
   // (16 rows, kQ = 4, measured about 1% slower this way: 4 shuffles instead of 12, but the
   // selects and a third step outweigh them; warp_row_max stays there.)
   template <int H>
@@ -451,6 +451,7 @@ struct KtMainloop {
       v[i] = fmaxf(keep, shfl_xor(send, 1 << bit));
     }
   }
+  __device__ static int owned_row(int i, int g, int t) { return row_of(i + (kQ / 8) * g, t); }
   __device__ static void row_max_transposed(float (&v)[kQ], int lane) {
     static_assert(kQ >= 8, "32 and 64 rows");
     halve_max<kQ / 2>(v, lane, 4);
@@ -476,7 +477,7 @@ struct KtMainloop {
     if constexpr (kQ >= 8) {
       row_max_transposed(mt, lane_id());
 #pragma unroll
-      for (int i = 0; i < kQ / 8; ++i) sv.tile_max[par][w][wi][row_of(i + (kQ / 8) * g, t)] = mt[i];
+      for (int i = 0; i < kQ / 8; ++i) sv.tile_max[par][w][wi][owned_row(i, g, t)] = mt[i];
     } else {
 #pragma unroll
       for (int q = 0; q < kQ; ++q) {
@@ -644,10 +645,10 @@ struct KtMainloop {
           mt[q] = fmaxf(mt[q], s[i]);
         }
     }
-    // Lane (g, t) ends with rows 8 g + 2 t and 8 g + 2 t + 1 (q = 2 g, 2 g + 1).
     row_max_transposed(mt, lane_id());
-    atomicMax(&sv.pair_max[par][8 * g + 2 * t], ordered(mt[0]));
-    atomicMax(&sv.pair_max[par][8 * g + 2 * t + 1], ordered(mt[1]));
+#pragma unroll
+    for (int i = 0; i < kQ / 8; ++i)
+      atomicMax(&sv.pair_max[par][owned_row(i, g, t)], ordered(mt[i]));
     arch::named_sync(arch::NamedBarrier::tile_max, kConsumerThreads);
     // The previous max is sv.m_run[par ^ 1]; this pair's is lazy_running_max of it and the
     // pair's max. The threads (w 0, warp 0, g 0) write it to sv.m_run[par] and start the next
