@@ -45,7 +45,9 @@ struct SharedMemoryScan {
 // own from shared memory: one barrier. Every thread of the block runs every shuffle, so ptxas
 // emits plain SHFL.UP (CUB's BlockScan, used before, compiled to the collective form for a
 // possibly diverged warp in the planner, where a block of four warps is latency bound).
-// As with CUB, the caller synchronises before the storage is reused.
+// As with CUB, the caller synchronises before the storage is reused. Lane and warp come from
+// unsigned bit operations: lane_id() / warp_id() (a signed % and /) add 32 instructions to
+// the planner kernels (sm_90a, nvdisasm), which sit on the small-batch latency path.
 template <int Threads>
 struct WarpShuffleScan {
   static_assert(Threads % 32 == 0 && Threads <= 1024, "Threads: whole warps");
