@@ -124,6 +124,14 @@ struct RingPipeline {
     mbar_wait(&st.full[ps.stage()][part], ps.phase());
     fence_proxy_async_smem();
   }
+  // Consumer: the same wait for a stage that only generic-proxy loads read (ldmatrix,
+  // ld.shared; no wgmma takes it from shared memory): the mbarrier's phase completion orders
+  // the landed copies before them, and no proxy fence is needed. (The fence is a
+  // MEMBAR.ALL.CTA plus FENCE.VIEW.ASYNC.S in sm_90a machine code: it also waits for the
+  // thread's own earlier shared-memory stores and atomics.)
+  __device__ void consumer_wait_generic(const PipelineState<Stages>& ps, int part) const {
+    mbar_wait(&st.full[ps.stage()][part], ps.phase());
+  }
   // Consumer: this warp no longer reads group `g` of the stage (called by every lane after
   // the warp-collective wait that retired its wgmma reads; lane 0 arrives).
   __device__ void consumer_release(const PipelineState<Stages>& ps, int g) const {

@@ -567,7 +567,7 @@ struct KtMainloop {
       for (int i = 0; i < r.n_tiles; ++i, st.advance()) {
         if (kWg > 1 && i % kWg != w) continue;  // the other warpgroup's tile
         const int kt = r.kv_begin + 64 * i;
-        pipe.consumer_wait(st, 0);
+        pipe.consumer_wait_generic(st, 0);
         const std::uint32_t kv = smem_u32(ss.kv[st.stage()]);
         float s[kS];
         issue_s(s, kv, wi, lane);
@@ -623,38 +623,44 @@ struct KtMainloop {
   __device__ void softmax_pair(float (&s)[kS], int kt, bool need_mask, int w, int wi, int g,
                                int t, int par, float (&l_run)[kQ],
                                float (&o)[kMbOwn][kS]) const {
+    // The scores stay unscaled until the exponent: the row scale sc (scale_log2 x 2^-e of Q's
+    // row) is positive, so the maximum of the scaled scores is sc times the maximum of the raw
+    // ones (rounding is monotonic), and P = 2^(s sc - m) is one fma per score. The mask only on
+    // the tiles that reach a row's limit, under a branch (uniform per tile).
+    if (need_mask) {
+#pragma unroll
+      for (int q2 = 0; q2 < kQ / 2; ++q2) {  // rows 8 q2 + 2 t and + 1: q = 2 q2, 2 q2 + 1
+        const int2 l2 = *reinterpret_cast<const int2*>(&sv.row_limit[8 * q2 + 2 * t]);
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            if (kt + 16 * wi + g + 8 * h >= (e == 0 ? l2.x : l2.y))
+              s[4 * q2 + 2 * h + e] = neg_inf();
+      }
+    }
     float mt[kQ];
 #pragma unroll
     for (int q = 0; q < kQ; ++q) mt[q] = neg_inf();
 #pragma unroll
-    for (int q2 = 0; q2 < kQ / 2; ++q2) {  // rows 8 q2 + 2 t and + 1: q = 2 q2, 2 q2 + 1
-      const int n = 8 * q2 + 2 * t;
-      const float2 sc = *reinterpret_cast<const float2*>(&sv.q_scale[n]);
-      int lim[2] = {0, 0};
-      if (need_mask) {
-        const int2 l2 = *reinterpret_cast<const int2*>(&sv.row_limit[n]);
-        lim[0] = l2.x, lim[1] = l2.y;
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int i = 4 * q2 + 2 * h + e, q = 2 * q2 + e;
-          s[i] *= e == 0 ? sc.x : sc.y;
-          if (need_mask && kt + 16 * wi + g + 8 * h >= lim[e]) s[i] = neg_inf();
-          mt[q] = fmaxf(mt[q], s[i]);
-        }
+    for (int i = 0; i < kS; ++i) {
+      const int q = 2 * (i >> 2) + (i & 1);
+      mt[q] = fmaxf(mt[q], s[i]);
     }
     row_max_transposed(mt, lane_id());
-#pragma unroll
-    for (int i = 0; i < kQ / 8; ++i)
-      atomicMax(&sv.pair_max[par][owned_row(i, g, t)], ordered(mt[i]));
+    {
+      // The two rows this lane owns now are adjacent: owned_row(0, g, t) = 8 g + 2 t.
+      const int n = owned_row(0, g, t);
+      const float2 sc = *reinterpret_cast<const float2*>(&sv.q_scale[n]);
+      atomicMax(&sv.pair_max[par][n], ordered(mt[0] * sc.x));
+      atomicMax(&sv.pair_max[par][n + 1], ordered(mt[1] * sc.y));
+    }
     arch::named_sync(arch::NamedBarrier::tile_max, kConsumerThreads);
     // The previous max is sv.m_run[par ^ 1]; this pair's is lazy_running_max of it and the
     // pair's max. The threads (w 0, warp 0, g 0) write it to sv.m_run[par] and start the next
     // pair's sv.pair_max[par ^ 1] at it (both were last read before the previous pair's
     // NamedBarrier::tile_p), after every thread's loads of this pair (stores in between would
-    // order each row's loads after the previous row's stores). Row by row: P = 2^(s - m) and l
+    // order each row's loads after the previous row's stores). Row by row: P = 2^(s sc - m), l
     // (no per-row arrays: O^T and S^T take 160 registers); O^T only when a row's max moved, in
     // a second pass that reads the same shared values again. Rows n, n + 1 load as pairs.
     auto maxima = [&](int n, float2& m_old, float2& m_new) {
@@ -668,14 +674,16 @@ struct KtMainloop {
     for (int q2 = 0; q2 < kQ / 2; ++q2) {
       float2 m_old, m_new;
       maxima(8 * q2 + 2 * t, m_old, m_new);
+      const float2 sc2 = *reinterpret_cast<const float2*>(&sv.q_scale[8 * q2 + 2 * t]);
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int q = 2 * q2 + e;
         const float mo = e == 0 ? m_old.x : m_old.y, mn = e == 0 ? m_new.x : m_new.y;
-        const float m_use = exp_base(mn);
+        const float m_use = exp_base(mn), sc = e == 0 ? sc2.x : sc2.y;
         // s[i] and o[mb][i] of row q: i = 4 (q >> 1) + (q & 1) + 2 h
         const int i0 = 4 * q2 + e;
-        const float p0 = fast_exp2(s[i0] - m_use), p1 = fast_exp2(s[i0 + 2] - m_use);
+        const float p0 = fast_exp2(fmaf(s[i0], sc, -m_use));
+        const float p1 = fast_exp2(fmaf(s[i0 + 2], sc, -m_use));
         s[i0] = p0, s[i0 + 2] = p1;
         if (mn != mo) {
           moved = true;
@@ -750,7 +758,7 @@ struct KtMainloop {
         const State st_own = w == 0 ? st : st_b;
         const int kt = r.kv_begin + 64 * (2 * j + w);
         float s[kS];
-        pipe.consumer_wait(st_own, 0);
+        pipe.consumer_wait_generic(st_own, 0);
         issue_s(s, smem_u32(ss.kv[st_own.stage()]), wi, lane);
         arch::wgmma_wait<0>();
         arch::fence_operand(s);
@@ -758,9 +766,9 @@ struct KtMainloop {
         store_p(s, w == 0 ? p0 : p1, wi, lane);
         arch::fence_proxy_async_smem();
         arch::named_sync(arch::NamedBarrier::tile_p, kConsumerThreads);
-        pipe.consumer_wait(st, 0);
+        pipe.consumer_wait_generic(st, 0);
         issue_pv(o, smem_u32(ss.kv[st.stage()]), p0, wi, lane, st, 4 * w);
-        pipe.consumer_wait(st_b, 0);
+        pipe.consumer_wait_generic(st_b, 0);
         issue_pv<true>(o, smem_u32(ss.kv[st_b.stage()]), p1, wi, lane, st_b, 4 * w);
         arch::wgmma_wait<0>();
 #pragma unroll
