@@ -28,7 +28,8 @@
 //     P -> sP [16 rows x 64 keys] (NamedBarrier::tile_p), O^T *= alpha.
 //     O^T += V^T P^T: V fragments (transposing ldmatrix of byte pairs, byte permute, cvt) ->
 //       wgmma RS in batches of 4 (16 keys x 256 dims); the stage is released after the last
-//       ldmatrix (no wgmma reads KV from shared memory).
+//       ldmatrix (no wgmma reads KV from shared memory, so the consumers also wait for a stage
+//       without the async-proxy fence: consumer_wait_generic).
 //   Each tile's matrix work retires before the next tile's starts: the two CTAs of an SM
 //   overlap each other. (Queuing the next tile's S behind P V was slower: with two stages the
 //   next tile has not landed yet. So was an L2 prefetch of the next tile by the producer.)
@@ -145,6 +146,11 @@ struct alignas(1024) KtStaticStorage {
   // [parity][row]
   alignas(8) float m_run[2][C::kSplitDims ? Rows : 1];
   alignas(8) int pair_max[2][C::kSplitDims ? Rows : 1];
+  // 64 rows: per consumer warp and lane, the exponent base and alpha of the lane's two rows
+  // 8 g + 2 t and + 1 (base, base, alpha, alpha)
+  float4 row_exp[C::kSplitDims ? 8 : 1][C::kSplitDims ? 32 : 1];
+  // 32 rows: per consumer warp and lane, the exponent base and alpha of its owned row
+  float2 row_exp32[Rows == 32 ? 2 : 1][Rows == 32 ? 4 : 1][Rows == 32 ? 32 : 1];
   typename Pipeline::Storage bars;
 };
 
@@ -424,6 +430,8 @@ struct KtMainloop {
 
   struct Softmax {
     float m_run[kQ], l_run[kQ];  // rows n(q) = 8 (q >> 1) + 2t + (q & 1)
+    float m_own;  // 32 rows, in the tile loop: running max of the row owned_row(0, g, t) (the
+                  // m_run of the thread's rows are gathered from these after the loop)
     int row_limit[kQ];
   };
   __device__ static int row_of(int q, int t) { return 8 * (q >> 1) + 2 * t + (q & 1); }
@@ -486,6 +494,33 @@ struct KtMainloop {
       }
     }
     arch::named_sync(tile_max_bar(w), 128);
+    if constexpr (kRows == 32) {
+      // Each lane forms the running max of the row it owns (kept in sm.m_own), its exponent
+      // base and alpha, and hands base and alpha to the lanes of its warp that hold the row
+      // (row_of(q, t) is owned by lane 4 q + t) through sv.row_exp32 (an 8-row loop of this per
+      // thread was a large part of the softmax's instructions). 32 rows rescale every tile.
+      const int n = owned_row(0, g, t);
+      const float mx = fmaxf(fmaxf(sv.tile_max[par][w][0][n], sv.tile_max[par][w][1][n]),
+                             fmaxf(sv.tile_max[par][w][2][n], sv.tile_max[par][w][3][n]));
+      const float m_new = lazy_running_max(sm.m_own, mx);
+      const float base = exp_base(m_new);
+      sv.row_exp32[w][wi][lane_id()] = make_float2(base, fast_exp2(sm.m_own - base));
+      sm.m_own = m_new;
+      __syncwarp();  // orders the row_exp32 stores before the warp's loads
+#pragma unroll
+      for (int q = 0; q < kQ; ++q) {
+        const float2 x = sv.row_exp32[w][wi][4 * q + t];
+        alpha[q] = x.y;
+        sm.l_run[q] *= x.y;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // s[i] of row q: i = 4 (q >> 1) + (q & 1) + 2 h
+          const int i = 4 * (q >> 1) + (q & 1) + 2 * h;
+          s[i] = fast_exp2(s[i] - x.x);
+          sm.l_run[q] += s[i];
+        }
+      }
+      return true;
+    }
     bool moved = false;
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
@@ -553,6 +588,7 @@ struct KtMainloop {
       const int v = visible_keys(L, m.q_len, row / m.heads, m.causal);
       sm.row_limit[q] = v < r.kv_end ? v : r.kv_end;
     }
+    sm.m_own = neg_inf();
     float o[8][kS];
 #pragma unroll
     for (int mb = 0; mb < 8; ++mb)
@@ -592,6 +628,10 @@ struct KtMainloop {
 #pragma unroll
         for (int mb = 0; mb < 8; ++mb) arch::fence_operand(o[mb]);
       }
+    }
+    if constexpr (kRows == 32) {
+#pragma unroll
+      for (int q = 0; q < kQ; ++q) sm.m_run[q] = __shfl_sync(0xffffffffu, sm.m_own, 4 * q + t);
     }
     if constexpr (kWg == 1) {
       epilogue<0>(pc, sm, o, wi, g, t);
@@ -657,66 +697,62 @@ struct KtMainloop {
     }
     arch::named_sync(arch::NamedBarrier::tile_max, kConsumerThreads);
     // The previous max is sv.m_run[par ^ 1]; this pair's is lazy_running_max of it and the
-    // pair's max. The threads (w 0, warp 0, g 0) write it to sv.m_run[par] and start the next
+    // pair's max. Each lane forms it for the two rows it owned in the reduction (n = 8 g + 2 t,
+    // n + 1) with their exponent base and alpha = 2^(m_old - base) (exactly 1 where the max
+    // stayed), and hands them to the lanes of its warp that hold those rows through
+    // sv.row_exp[warp][lane] (a 16-row loop of this per thread was most of the softmax's
+    // instructions). Warp 0 of warpgroup 0 writes the max to sv.m_run[par] and starts the next
     // pair's sv.pair_max[par ^ 1] at it (both were last read before the previous pair's
-    // NamedBarrier::tile_p), after every thread's loads of this pair (stores in between would
-    // order each row's loads after the previous row's stores). Row by row: P = 2^(s sc - m), l
-    // (no per-row arrays: O^T and S^T take 160 registers); O^T only when a row's max moved, in
-    // a second pass that reads the same shared values again. Rows n, n + 1 load as pairs.
-    auto maxima = [&](int n, float2& m_old, float2& m_new) {
-      m_old = *reinterpret_cast<const float2*>(&sv.m_run[par ^ 1][n]);
+    // NamedBarrier::tile_p). O^T is rescaled when a row of the warp moved its max.
+    bool lane_moved;
+    {
+      const int n = owned_row(0, g, t);
+      const float2 m_old = *reinterpret_cast<const float2*>(&sv.m_run[par ^ 1][n]);
       const int2 pm = *reinterpret_cast<const int2*>(&sv.pair_max[par][n]);
-      m_new.x = lazy_running_max(m_old.x, from_ordered(pm.x));
-      m_new.y = lazy_running_max(m_old.y, from_ordered(pm.y));
-    };
-    bool moved = false;
-#pragma unroll
-    for (int q2 = 0; q2 < kQ / 2; ++q2) {
-      float2 m_old, m_new;
-      maxima(8 * q2 + 2 * t, m_old, m_new);
-      const float2 sc2 = *reinterpret_cast<const float2*>(&sv.q_scale[8 * q2 + 2 * t]);
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int q = 2 * q2 + e;
-        const float mo = e == 0 ? m_old.x : m_old.y, mn = e == 0 ? m_new.x : m_new.y;
-        const float m_use = exp_base(mn), sc = e == 0 ? sc2.x : sc2.y;
-        // s[i] and o[mb][i] of row q: i = 4 (q >> 1) + (q & 1) + 2 h
-        const int i0 = 4 * q2 + e;
-        const float p0 = fast_exp2(fmaf(s[i0], sc, -m_use));
-        const float p1 = fast_exp2(fmaf(s[i0 + 2], sc, -m_use));
-        s[i0] = p0, s[i0 + 2] = p1;
-        if (mn != mo) {
-          moved = true;
-          l_run[q] *= fast_exp2(mo - m_use);
-        }
-        l_run[q] += p0 + p1;
-      }
-    }
-    if (w == 0 && wi == 0 && g == 0) {
-#pragma unroll
-      for (int q2 = 0; q2 < kQ / 2; ++q2) {
-        const int n = 8 * q2 + 2 * t;
-        float2 m_old, m_new;
-        maxima(n, m_old, m_new);
+      const float2 m_new = make_float2(lazy_running_max(m_old.x, from_ordered(pm.x)),
+                                       lazy_running_max(m_old.y, from_ordered(pm.y)));
+      const float2 base = make_float2(exp_base(m_new.x), exp_base(m_new.y));
+      sv.row_exp[4 * w + wi][lane_id()] = make_float4(
+          base.x, base.y, fast_exp2(m_old.x - base.x), fast_exp2(m_old.y - base.y));
+      lane_moved = m_new.x != m_old.x || m_new.y != m_old.y;
+      if (w == 0 && wi == 0) {
         *reinterpret_cast<float2*>(&sv.m_run[par][n]) = m_new;
         *reinterpret_cast<int2*>(&sv.pair_max[par ^ 1][n]) =
             make_int2(ordered(m_new.x), ordered(m_new.y));
       }
     }
+    const bool moved = __any_sync(0xffffffffu, lane_moved);
+    __syncwarp();  // orders the row_exp stores before the warp's loads
+    // Row pair (8 q2 + 2 t, + 1) was formed by lane 4 q2 + t. P = 2^(s sc - base), l = l alpha
+    // + P (alpha = 1 unless the row's max moved).
+    const float4* const rx = sv.row_exp[4 * w + wi];
+#pragma unroll
+    for (int q2 = 0; q2 < kQ / 2; ++q2) {
+      const float4 x = rx[4 * q2 + t];
+      const float2 sc2 = *reinterpret_cast<const float2*>(&sv.q_scale[8 * q2 + 2 * t]);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float base = e == 0 ? x.x : x.y, alpha = e == 0 ? x.z : x.w;
+        const float sc = e == 0 ? sc2.x : sc2.y;
+        // s[i] and o[mb][i] of row q = 2 q2 + e: i = 4 q2 + e + 2 h
+        const int i0 = 4 * q2 + e;
+        const float p0 = fast_exp2(fmaf(s[i0], sc, -base));
+        const float p1 = fast_exp2(fmaf(s[i0 + 2], sc, -base));
+        s[i0] = p0, s[i0 + 2] = p1;
+        l_run[2 * q2 + e] = fmaf(l_run[2 * q2 + e], alpha, p0 + p1);
+      }
+    }
     if (moved) {
 #pragma unroll
       for (int q2 = 0; q2 < kQ / 2; ++q2) {
-        float2 m_old, m_new;
-        maxima(8 * q2 + 2 * t, m_old, m_new);
-        const float alpha[2] = {fast_exp2(m_old.x - exp_base(m_new.x)),
-                                fast_exp2(m_old.y - exp_base(m_new.y))};
+        const float4 x = rx[4 * q2 + t];
 #pragma unroll
-        for (int e = 0; e < 2; ++e)
-#pragma unroll
-          for (int mb = 0; mb < kMbOwn; ++mb) {
-            o[mb][4 * q2 + e] *= alpha[e];
-            o[mb][4 * q2 + e + 2] *= alpha[e];
-          }
+        for (int mb = 0; mb < kMbOwn; ++mb) {
+          o[mb][4 * q2] *= x.z;
+          o[mb][4 * q2 + 2] *= x.z;
+          o[mb][4 * q2 + 1] *= x.w;
+          o[mb][4 * q2 + 3] *= x.w;
+        }
       }
     }
   }
