@@ -146,8 +146,8 @@ struct alignas(1024) KtStaticStorage {
   // [parity][row]
   alignas(8) float m_run[2][C::kSplitDims ? Rows : 1];
   alignas(8) int pair_max[2][C::kSplitDims ? Rows : 1];
-  // 64 rows: per consumer warp and lane, the exponent base and alpha of the lane's two rows
-  // 8 g + 2 t and + 1 (base, base, alpha, alpha)
+  // 64 rows: per consumer warp and lane, the exponent bases and alphas of the lane's two rows
+  // n = 8 g + 2 t and n + 1, as (base n, base n + 1, alpha n, alpha n + 1)
   float4 row_exp[C::kSplitDims ? 8 : 1][C::kSplitDims ? 32 : 1];
   // 32 rows: per consumer warp and lane, the exponent base and alpha of its owned row
   float2 row_exp32[Rows == 32 ? 2 : 1][Rows == 32 ? 4 : 1][Rows == 32 ? 32 : 1];
