@@ -121,7 +121,7 @@ struct RingPipeline {
   // Consumer: waits until `part` of the stage of `ps` holds the tile; the fence orders the
   // producer's generic-proxy writes (cp.async, st.shared) before this thread's wgmma reads.
   __device__ void consumer_wait(const PipelineState<Stages>& ps, int part) const {
-    mbar_wait(&st.full[ps.stage()][part], ps.phase());
+    consumer_wait_generic(ps, part);
     fence_proxy_async_smem();
   }
   // Consumer: the same wait for a stage that only generic-proxy loads read (ldmatrix,

@@ -467,6 +467,12 @@ struct KtMainloop {
     halve_max<kQ / 8>(v, lane, 2);
   }
 
+  // Row n's maximum over the tile: the four warps' maxima of warpgroup w (16 and 32 rows).
+  __device__ float warps_row_max(int par, int w, int n) const {
+    return fmaxf(fmaxf(sv.tile_max[par][w][0][n], sv.tile_max[par][w][1][n]),
+                 fmaxf(sv.tile_max[par][w][2][n], sv.tile_max[par][w][3][n]));
+  }
+
   // s[i]: key 16 wi + g + 8 ((i >> 1) & 1), row n(q), q = 2 (i >> 2) + (i & 1). Returns
   // whether any of the thread's rows moved its running max (alpha != 1; lazy_running_max
   // keeps it otherwise).
@@ -500,9 +506,7 @@ struct KtMainloop {
       // (row_of(q, t) is owned by lane 4 q + t) through sv.row_exp32 (an 8-row loop of this per
       // thread was a large part of the softmax's instructions). 32 rows rescale every tile.
       const int n = owned_row(0, g, t);
-      const float mx = fmaxf(fmaxf(sv.tile_max[par][w][0][n], sv.tile_max[par][w][1][n]),
-                             fmaxf(sv.tile_max[par][w][2][n], sv.tile_max[par][w][3][n]));
-      const float m_new = lazy_running_max(sm.m_own, mx);
+      const float m_new = lazy_running_max(sm.m_own, warps_row_max(par, w, n));
       const float base = exp_base(m_new);
       sv.row_exp32[w][wi][lane_id()] = make_float2(base, fast_exp2(sm.m_own - base));
       sm.m_own = m_new;
@@ -524,10 +528,7 @@ struct KtMainloop {
     bool moved = false;
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
-      const int n = row_of(q, t);
-      float mx = fmaxf(fmaxf(sv.tile_max[par][w][0][n], sv.tile_max[par][w][1][n]),
-                       fmaxf(sv.tile_max[par][w][2][n], sv.tile_max[par][w][3][n]));
-      const float m_new = lazy_running_max(sm.m_run[q], mx);
+      const float m_new = lazy_running_max(sm.m_run[q], warps_row_max(par, w, row_of(q, t)));
       moved = moved || m_new != sm.m_run[q];
       alpha[q] = fast_exp2(sm.m_run[q] - exp_base(m_new));
       sm.m_run[q] = m_new;
