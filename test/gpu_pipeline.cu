@@ -186,25 +186,32 @@ TEST_CASE("pipeline: keys-as-M tiles, 16, 32 and 64 rows of e4m3fn KV, 34 reques
                          9400, false);
 }
 
-// 1..16 rows whose KV is of the Q type (sm_90: the warp-specialized 64-row tile from
-// arch::kWsMinRequests16 requests up, 48 to 63 of its 64 rows padding; elsewhere, and below
-// that, the 16-row mma.sync tile): 34 requests of every ring length. 16 and 12 heads at q_len 1,
-// 8 at q_len 2, 5 at q_len 3 (rows of several tokens, each with its own causal limit), one
-// head at q_len 1 and 3 at q_len 5; page size 1 with shuffled CSR ids and 64 with a block
-// table, bf16 and fp16, splits off, fixed and automatic.
-TEST_CASE("pipeline: 1..16 rows of KV of the Q type, 34 requests", "[gpu][pipeline]") {
+// 1..32 rows whose KV is of the Q type, 34 requests of every ring length. sm_90: 17..32 rows
+// at page size 64 run the 32-row keys-as-M tile of 16-bit KV (one consumer warpgroup, two 72
+// KB stages landing and released in nine chunks, so lengths of 0..9 tiles end on either stage
+// and wrap the ring), at page size 1 the warp-specialized 64-row tile; 1..16 rows the 64-row
+// tile (arch::kWsMinRequests16 requests and more; 48 to 63 of its rows padding); elsewhere the
+// mma.sync tiles. 16 rows: 16 and 12 heads at q_len 1, 8 at q_len 2, 5 at q_len 3 (rows of
+// several tokens, each with its own causal limit), one head at q_len 1 and 3 at q_len 5; 32
+// rows: 16 heads at q_len 2, 12 at q_len 2, 8 at q_len 4, 32 at q_len 1 and 6 at q_len 5; page
+// size 1 with shuffled CSR ids and 64 with a block table, bf16 and fp16, splits off, fixed and
+// automatic.
+TEST_CASE("pipeline: 1..32 rows of KV of the Q type, 34 requests", "[gpu][pipeline]") {
   MLAKIT_REQUIRE_GPU();
-  REQUIRE(int(ring_lengths_34().size()) >= arch::kWsMinRequests16);
-  check_rows_34_requests(
-      {Rows{16, 1}, Rows{12, 1}, Rows{8, 2}, Rows{5, 3}, Rows{1, 1}, Rows{3, 5}}, 9600, true);
+  REQUIRE(int(ring_lengths_34().size()) >= arch::kFp8CtasMinRowTiles);
+  check_rows_34_requests({Rows{16, 1}, Rows{12, 1}, Rows{8, 2}, Rows{5, 3}, Rows{1, 1},
+                          Rows{3, 5}, Rows{16, 2}, Rows{12, 2}, Rows{8, 4}, Rows{32, 1},
+                          Rows{6, 5}},
+                         9600, true);
 }
 
 // The online softmax keeps a row's running max while the scores' max exceeds it by at most
 // kRescaleSlack (2^8) and rescales O and l only when it moves further. Keys whose magnitude
 // grows along the sequence, with a sharp softmax, make the max move in many tiles of a piece,
 // by less and by more than the slack, while others keep it: every mainloop (16-, 32- and
-// 64-row keys-as-M tiles from 32 requests x row tiles up, the warp-specialized 64-row tile
-// and the mma.sync tiles below that, bf16 KV on the 64-row tile) against the reference.
+// 64-row keys-as-M tiles of e4m3fn KV and the 32-row one of bf16 KV at page 64 from 32
+// requests x row tiles up, the warp-specialized 64-row tile and the mma.sync tiles) against
+// the reference.
 TEST_CASE("online softmax: running maxima that move along the keys", "[gpu][pipeline]") {
   MLAKIT_REQUIRE_GPU();
   int seed = 9700;

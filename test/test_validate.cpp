@@ -408,16 +408,24 @@ TEST_CASE("policy choice: rows, KV type and device", "[validate]") {
   for (int rows = 1; rows <= 4096; ++rows) {
     for (bool direct : {false, true}) {
       for (int device_arch : {80, 90, 942}) {
-        for (int batch : {1, arch::kWsMinRequests16 - 1, arch::kWsMinRequests16, 65535}) {
+        for (int batch : {1, arch::kWsMinRequests16 - 1, arch::kWsMinRequests16, 65535})
+        for (int page : {1, 16, arch::kKtDirectMinPage, 256}) {
           const int by_rows = arch::policy_index_for_rows(rows);
-          const int i = policy_index_for(rows, direct, device_arch, batch);
+          const int i = policy_index_for(rows, direct, device_arch, batch, page);
           INFO("rows " << rows << " direct " << direct << " arch " << device_arch << " batch "
-                       << batch);
+                       << batch << " page " << page);
           REQUIRE(i >= 0);
           REQUIRE(i < kNumPolicies);
           CHECK(kPolicies[i].rows >= std::min(rows, kPolicies[kNumPolicies - 1].rows));
-          const bool small = kPolicies[by_rows].rows == 32 ||
-                             (kPolicies[by_rows].rows == 16 && batch >= arch::kWsMinRequests16);
+          // sm_90, KV of the Q type: the small tile's keys-as-M form from kFp8CtasMinRowTiles
+          // requests up; else 17..32 rows (and 1..16 rows from kWsMinRequests16 requests up)
+          // the warp-specialized 64-row tile.
+          const bool keys_as_m = kPolicies[by_rows].direct_mainloop == arch::Mainloop::keys_as_m &&
+                                 batch >= arch::kFp8CtasMinRowTiles &&
+                                 page >= arch::kKtDirectMinPage;
+          const bool small =
+              !keys_as_m && (kPolicies[by_rows].rows == 32 ||
+                             (kPolicies[by_rows].rows == 16 && batch >= arch::kWsMinRequests16));
           const bool promoted =
               direct && device_arch == 90 && small &&
               kPolicies[kNumPolicies - 1].mainloop == arch::Mainloop::warpgroup_ws;
@@ -426,26 +434,40 @@ TEST_CASE("policy choice: rows, KV type and device", "[validate]") {
       }
     }
   }
-  // decode() and workspace_bytes() agree: KV of the Q type on the H100-like device, 32 rows.
-  DecodeArgs a = valid_args();
-  a.num_heads = 16;
-  a.q_len = 2;
-  a.kv_type = a.q_type;
-  const bool ws_tile = kPolicies[kNumPolicies - 1].mainloop == arch::Mainloop::warpgroup_ws;
-  CHECK(detail::policy_rows(a, kH100) == (ws_tile ? 64 : 32));
-  CHECK(detail::policy_rows(a, kMI300) == arch::kPolicies[arch::policy_index_for_rows(32)].rows);
-  // The workspace is sized for the larger tile whatever the KV type, and fits the launch of
-  // either.
-  DecodeArgs f = a;
-  f.kv_type = DType::fp8_e4m3fn;
-  CHECK(detail::policy_rows(f, kH100) == 32);
-  CHECK(workspace_bytes(f, kH100) == workspace_bytes(a, kH100));
-  for (const DecodeArgs& x : {a, f}) {
-    const int idx = detail::policy_index(x, kH100);
-    const int rpc = arch::kPolicies[idx].rows;
-    const PlanShape sh = detail::plan_shape(x, idx, kH100);
-    CHECK(std::size_t(detail::workspace_layout(sh, sh.row_tiles * rpc).bytes) <=
-          workspace_bytes(x, kH100));
+  // Concrete cases (the default table): 16 heads of bf16 KV on sm_90.
+  CHECK(policy_index_for(32, true, 90, 128, 64) == 1);  // keys-as-M, 32 rows
+  CHECK(policy_index_for(32, true, 90, 128, 1) == 2);   // warp-specialized 64-row tile
+  CHECK(policy_index_for(32, true, 90, 31, 64) == 2);
+  CHECK(policy_index_for(16, true, 90, 128, 64) == 2);
+  CHECK(policy_index_for(16, true, 90, 31, 64) == 0);  // mma.sync, 16 rows
+  CHECK(policy_index_for(32, false, 90, 31, 64) == 1);
+  // decode() and workspace_bytes() agree: KV of the Q type on the H100-like device, 32 rows,
+  // below and from kFp8CtasMinRowTiles requests (valid_args(): page size 64).
+  REQUIRE(valid_args().page_size >= arch::kKtDirectMinPage);
+  for (int batch : {3, 128}) {
+    DecodeArgs a = valid_args();
+    a.batch = batch;
+    a.num_heads = 16;
+    a.q_len = 2;
+    a.kv_type = a.q_type;
+    set_packed_strides(a);
+    INFO("batch " << batch);
+    const bool ws_tile = kPolicies[kNumPolicies - 1].mainloop == arch::Mainloop::warpgroup_ws;
+    CHECK(detail::policy_rows(a, kH100) == (ws_tile && batch < 32 ? 64 : 32));
+    CHECK(detail::policy_rows(a, kMI300) == arch::kPolicies[arch::policy_index_for_rows(32)].rows);
+    // The workspace is sized for the larger tile whatever the KV type, and fits the launch of
+    // either.
+    DecodeArgs f = a;
+    f.kv_type = DType::fp8_e4m3fn;
+    CHECK(detail::policy_rows(f, kH100) == 32);
+    CHECK(workspace_bytes(f, kH100) == workspace_bytes(a, kH100));
+    for (const DecodeArgs& x : {a, f}) {
+      const int idx = detail::policy_index(x, kH100);
+      const int rpc = arch::kPolicies[idx].rows;
+      const PlanShape sh = detail::plan_shape(x, idx, kH100);
+      CHECK(std::size_t(detail::workspace_layout(sh, sh.row_tiles * rpc).bytes) <=
+            workspace_bytes(x, kH100));
+    }
   }
 }
 

@@ -64,9 +64,13 @@ inline int plan_ctas_per_sm(const DecodeArgs& a, int policy, int resident) {
 // its e4m3fn entries read KV raw (DecodeTraits::kFp8Operands) and keep fp8_ctas_per_sm where
 // the policy has one (NVIDIA); every other entry keeps ctas_per_sm.
 // On sm_90 (device code built for sm_90a), e4m3fn entries of a policy whose fp8 mainloop is
-// keys_as_m run decode_kernel_kt, which keeps keys_as_m_ctas_per_sm(rows).
+// keys_as_m run decode_kernel_kt, which keeps keys_as_m_ctas_per_sm(rows); so do entries of
+// KV of the Q type where arch::direct_keys_as_m() says so.
 inline int table_ctas_per_sm(const DecodeArgs& a, int policy, int arch = 0) {
   const arch::TilePolicy& tp = arch::kPolicies[policy];
+  if (a.kv_type == a.q_type && arch == 90 &&
+      arch::direct_keys_as_m(tp, static_cast<int>(request_row_tiles(a, policy)), a.page_size))
+    return arch::keys_as_m_ctas_per_sm(tp.rows, 2);
   if (a.kv_type != DType::fp8_e4m3fn) return tp.ctas_per_sm;
   if (arch == 90 && tp.fp8_mainloop == arch::Mainloop::keys_as_m)
     return arch::keys_as_m_ctas_per_sm(tp.rows);
@@ -81,7 +85,8 @@ inline PlanShape plan_shape(const DecodeArgs& a, int policy, const DeviceInfo& d
 
 // The policy decode() launches for `a` on `dev`.
 inline int policy_index(const DecodeArgs& a, const DeviceInfo& dev) {
-  return arch::policy_index_for(a.rows(), a.kv_type == a.q_type, dev.arch, a.batch);
+  return arch::policy_index_for(a.rows(), a.kv_type == a.q_type, dev.arch, a.batch,
+                                a.page_size);
 }
 inline int policy_rows(const DecodeArgs& a, const DeviceInfo& dev) {
   return arch::kPolicies[policy_index(a, dev)].rows;
@@ -113,13 +118,19 @@ inline Status workspace_bytes(const DecodeArgs& a, const DeviceInfo& dev, std::s
   *bytes = 0;
   Status s = validate_shape(a);
   if (!s || a.batch == 0) return s;
-  // The larger of the two policies these rows can get (KV of the Q type or not), so that the
-  // size does not depend on the dtypes.
-  const std::int64_t direct = detail::policy_workspace_bytes(
-      a, arch::policy_index_for(a.rows(), true, dev.arch, a.batch), dev);
-  const std::int64_t converted = detail::policy_workspace_bytes(
-      a, arch::policy_index_for(a.rows(), false, dev.arch, a.batch), dev);
-  *bytes = static_cast<std::size_t>(direct > converted ? direct : converted);
+  // The largest of the policies these rows can get (KV of the Q type or not, below or from
+  // the batch and page-size thresholds of policy_index_for), so that the size depends neither
+  // on the dtypes nor on the page size, and a workspace sized for a batch serves every smaller
+  // one.
+  std::int64_t size = 0;
+  for (bool direct : {true, false})
+    for (int batch : {1, arch::kWsMinRequests16, arch::kFp8CtasMinRowTiles, a.batch})
+      for (int page : {1, arch::kKtDirectMinPage}) {
+        const std::int64_t b = detail::policy_workspace_bytes(
+            a, arch::policy_index_for(a.rows(), direct, dev.arch, batch, page), dev);
+        size = b > size ? b : size;
+      }
+  *bytes = static_cast<std::size_t>(size);
   return Status::ok();
 }
 
@@ -233,17 +244,22 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   using Tr = DecodeTraits<Problem, PolicyIndex>;
   Status s;
 #if defined(MLAKIT_PLATFORM_CUDA)
-  // Warpgroup policies run decode_kernel_ws, and 16- and 32-row tiles of e4m3fn KV
-  // decode_kernel_kt, where the device runs their sm_90a code.
+  // Warpgroup policies run decode_kernel_ws, and row tiles of e4m3fn KV (and of KV of the Q
+  // type where the policy has a direct keys-as-M form) decode_kernel_kt, where the device runs
+  // their sm_90a code.
   bool warpgroup = false, keys_as_m = false, keys_as_m_self_plan = false;
   if constexpr (Tr::kKeysAsM) {
-    // From kFp8CtasMinRowTiles requests x row tiles up, with the planner launch. Below, in
-    // automatic mode, where KtConfig says so, the keys-as-M kernel planning for itself; else
-    // the mma.sync kernel, which plans for itself (a planner launch costs about 2.6 us at batch
-    // 1), or for 64-row tiles the warp-specialized kernel.
-    if (request_row_tiles(a, PolicyIndex) >= arch::kFp8CtasMinRowTiles) {
+    // e4m3fn: from kFp8CtasMinRowTiles requests x row tiles up, with the planner launch.
+    // Below, in automatic mode, where KtConfig says so, the keys-as-M kernel planning for
+    // itself; else the mma.sync kernel, which plans for itself (a planner launch costs about
+    // 2.6 us at batch 1), or for 64-row tiles the warp-specialized kernel. KV of the Q type:
+    // where arch::direct_keys_as_m() says so (policy_index_for picks another policy elsewhere).
+    const std::int64_t tiles = request_row_tiles(a, PolicyIndex);
+    if (Tr::kFp8Operands ? tiles >= arch::kFp8CtasMinRowTiles
+                         : arch::direct_keys_as_m(Tr::kPolicy, static_cast<int>(tiles),
+                                                  a.page_size)) {
       if (!(s = keys_as_m_usable<Tr, false>(dev, &keys_as_m))) return s;
-    } else if constexpr (KtConfig<Tr::kRows>::kSelfPlanSmall) {
+    } else if constexpr (KtMainloop<Tr>::Cfg::kSelfPlanSmall) {
       if (a.split_mode == SplitMode::automatic) {
         if (!(s = keys_as_m_usable<Tr, true>(dev, &keys_as_m))) return s;
         keys_as_m_self_plan = keys_as_m;
@@ -261,7 +277,8 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   const PlanShape shape = plan_shape_for(
       a, PolicyIndex, dev,
       plan_ctas_per_sm(a, PolicyIndex,
-                       keys_as_m ? arch::keys_as_m_ctas_per_sm(Tr::kRows) : Tr::kCtasPerSm));
+                       keys_as_m ? arch::keys_as_m_ctas_per_sm(Tr::kRows, Tr::kFp8Operands ? 1 : 2)
+                                 : Tr::kCtasPerSm));
   const int rows_padded = shape.row_tiles * Tr::kRows;
   const WorkspaceLayout wl = workspace_layout(shape, rows_padded);
   if (workspace == nullptr || workspace_size < static_cast<std::size_t>(wl.bytes))
@@ -319,7 +336,7 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   if constexpr (Tr::kKeysAsM) {
     if (keys_as_m) {
       using ML = KtMainloop<Tr>;
-      if constexpr (KtConfig<Tr::kRows>::kSelfPlanSmall) {
+      if constexpr (ML::Cfg::kSelfPlanSmall) {
         if (keys_as_m_self_plan)
           s = launch_kernel("decode_kernel_kt", decode_kernel_kt<Tr, true>, grid,
                             dim3(ML::kThreads), ML::kSelfPlanSmemBytes, stream, k);
@@ -410,12 +427,15 @@ struct Decode {
     if (!s) return s;
     if constexpr (Problem::kRows > 0) {
       // Only the policies these rows can get (policy_index_for: it depends on the device, and
-      // on sm_90 for 1..16 rows on the batch, where the largest batch gets the other one).
+      // on sm_90 on the batch; the largest and the smallest batch get every other one).
       constexpr int any_device = arch::policy_index_for_rows(Problem::kRows);
-      constexpr int sm90 =
-          arch::policy_index_for(Problem::kRows, Problem::kDirectKv, 90, kMaxBatch);
-      return detail::launch_by_rows<Problem>(a, dev, workspace, workspace_size, stream,
-                                             std::integer_sequence<int, any_device, sm90>{});
+      constexpr int sm90 = arch::policy_index_for(Problem::kRows, Problem::kDirectKv, 90,
+                                                  kMaxBatch, arch::kKtDirectMinPage);
+      constexpr int sm90_small =
+          arch::policy_index_for(Problem::kRows, Problem::kDirectKv, 90, 1, 1);
+      return detail::launch_by_rows<Problem>(
+          a, dev, workspace, workspace_size, stream,
+          std::integer_sequence<int, any_device, sm90, sm90_small>{});
     } else {
       return detail::launch_by_rows<Problem>(a, dev, workspace, workspace_size, stream,
                                              std::make_integer_sequence<int, arch::kNumPolicies>{});

@@ -11,15 +11,19 @@ namespace mlakit::arch {
 // (every target). warpgroup_ws: the warp-specialized wgmma mainloop of decode_ws_sm90.hpp
 // (its own kernel, 384 threads) where the device runs its sm_90a code; elsewhere the policy
 // falls back to warp_mma with `threads` threads.
-// keys_as_m: the keys-as-M wgmma mainloop of decode_kt_sm90.hpp (its own kernel: 16 rows 160
-// threads and two CTAs per SM, 32 and 64 rows 384 threads and one) for e4m3fn KV where the
-// device runs its sm_90a code (TilePolicy::fp8_mainloop).
+// keys_as_m: the keys-as-M wgmma mainloop of decode_kt_sm90.hpp (its own kernel; e4m3fn KV:
+// 16 rows 160 threads and two CTAs per SM, 32 and 64 rows 384 threads and one; 16-bit KV of
+// the Q type: 256 threads and one) where the device runs its sm_90a code
+// (TilePolicy::fp8_mainloop, TilePolicy::direct_mainloop).
 enum class Mainloop : int { warp_mma = 0, warpgroup_ws = 2, keys_as_m = 3 };
 
-// CTAs per SM of the keys-as-M kernel of `rows`-row tiles (16 rows: Q 18 KB, P 2 KB, two raw
-// 36 KB stages; 32 rows: Q 36 KB, two P of 4 KB, four raw stages; 64 rows: Q 72 KB, two P of
-// 8 KB, three raw stages); its plan aims for them.
-constexpr int keys_as_m_ctas_per_sm(int rows) { return rows <= 16 ? 2 : 1; }
+// CTAs per SM of the keys-as-M kernel of `rows`-row tiles and KV of `kv_bytes` bytes per value
+// (e4m3fn, 16 rows: Q 18 KB, P 2 KB, two raw 36 KB stages; 32 rows: Q 36 KB, two P of 4 KB,
+// four raw stages; 64 rows: Q 72 KB, two P of 8 KB, three raw stages; 16-bit KV: two 72 KB
+// stages); its plan aims for them.
+constexpr int keys_as_m_ctas_per_sm(int rows, int kv_bytes = 1) {
+  return rows <= 16 && kv_bytes == 1 ? 2 : 1;
+}
 
 // When the e4m3fn raw path of the mma.sync mainloop loads each token's page id one tile ahead
 // of the token's copies instead of right before them. small_pages: for page sizes below the
@@ -55,6 +59,10 @@ struct TilePolicy {
   // instead of 8: bf16 KV 18.2 -> 14.4 us, e4m3fn 13.4 -> 11.9; at 8192 tokens 128 one-tile
   // pieces were 0.7 us slower than 64 of two, hence the short-request bound).
   int min_piece_tiles = kMinPieceTiles;
+  // KV of the Q type (bf16 / fp16) on sm_90a from kFp8CtasMinRowTiles requests x row tiles
+  // up and pages of at least kKtDirectMinPage tokens: the mainloop that runs instead of
+  // `mainloop` (keys_as_m: the 32-row tile; see direct_keys_as_m()).
+  Mainloop direct_mainloop = Mainloop::warp_mma;
 };
 
 // Requests x row tiles from which the automatic plan aims for fp8_ctas_per_sm CTAs per SM: with
@@ -92,7 +100,8 @@ inline constexpr TilePolicy kPolicies[] = {
 inline constexpr TilePolicy kPolicies[] = {
     {16, 32, 128, 2, 36864, 2, 2, Mainloop::warp_mma, IdsAhead::small_pages, 3,
      Mainloop::keys_as_m, 1},
-    {32, 64, 256, 2, 110592, 1, 4, Mainloop::warp_mma, IdsAhead::always, 0, Mainloop::keys_as_m},
+    {32, 64, 256, 2, 110592, 1, 4, Mainloop::warp_mma, IdsAhead::always, 0, Mainloop::keys_as_m,
+     kMinPieceTiles, Mainloop::keys_as_m},
     {64, 64, 256, 2, 73728, 1, 3, Mainloop::warpgroup_ws, IdsAhead::never, 0, Mainloop::keys_as_m},
 };
 #endif
@@ -115,22 +124,37 @@ constexpr int policy_index_for_rows(int rows) {
 // 55.2, 402 / 334 us; batch 32, page 1: 34.4 / 38.0, 120 / 107, 1530 / 1195 us.
 inline constexpr int kWsMinRequests16 = 32;
 
-// The policy decode() runs for `rows` rows per request and `batch` requests on a device of
-// architecture `arch` (DeviceInfo::arch) when KV is (direct_kv) or is not of the Q type. On
-// sm_90, rows that fit the 16- or 32-row tile take the warp-specialized 64-row tile instead
-// when their KV needs no conversion (17..32 rows always, 1..16 rows from kWsMinRequests16
-// requests up), padding half or more of its rows: it streams such KV faster than the mma.sync
-// tiles (H200, bf16, 16 heads, batch 128, kv 8192: q_len 2 478 -> 372 us at page 64, 556 ->
-// 394 at page 1; q_len 1 309 -> 307 us at page 64, 407 -> 323 at page 1; docs/performance.md).
-// fp8 and other converted KV keep the small tiles, which are faster for them (q_len 2 fp8
-// 413 us on the 32-row tile, the 64-row tile 479 us at q_len 4). The launch uses this
-// function; workspace_bytes() sizes for the larger plan of the two candidates whatever the
-// dtypes. A program built without sm_90a code runs the 64-row policy's mma.sync fallback
-// there: correct, but slower than the small tiles would be.
-constexpr int policy_index_for(int rows, bool direct_kv, int arch, int batch) {
+// Least page size at which KV of the Q type runs a policy's direct_mainloop: the keys-as-M
+// 16-bit form holds one 72 KB stage in flight while it computes on the other, and with
+// scattered token rows that is too little (H200, bf16, 16 heads x q_len 2, batch 128: 308 us
+// against the 64-row tile's 315 at page 64, 374 against 332 at page 1; docs/performance.md).
+inline constexpr int kKtDirectMinPage = 64;
+
+// Whether KV of the Q type runs policy `tp`'s keys-as-M form on sm_90a for `batch` requests
+// (of one row tile each) of pages of `page_size` tokens.
+constexpr bool direct_keys_as_m(const TilePolicy& tp, int batch, int page_size) {
+  return tp.direct_mainloop == Mainloop::keys_as_m && batch >= kFp8CtasMinRowTiles &&
+         page_size >= kKtDirectMinPage;
+}
+
+// The policy decode() runs for `rows` rows per request, `batch` requests and pages of
+// `page_size` tokens on a device of architecture `arch` (DeviceInfo::arch) when KV is
+// (direct_kv) or is not of the Q type. On sm_90, KV that needs no conversion in rows that fit
+// the 32-row tile runs its direct_mainloop (keys-as-M, no padding) where direct_keys_as_m()
+// says so; else it takes the warp-specialized 64-row tile (padding half or more of its rows:
+// it streams such KV faster than the mma.sync tiles; q_len 2, batch 128: 478 -> 372 us at page
+// 64, 556 -> 394 at page 1), and so do 1..16 rows from kWsMinRequests16 requests up (the
+// 16-bit keys-as-M form was slower for them: q_len 1, batch 128, page 64: 349-363 against
+// 314-316 us). fp8 and other converted KV keep the small tiles, which are faster for them
+// (q_len 2 fp8 413 us on the 32-row tile, the 64-row tile 479 us at q_len 4). The launch uses
+// this function; workspace_bytes() sizes for the largest plan of the candidates whatever the
+// dtypes, batch and page size. A program built without sm_90a code runs the chosen policy's
+// mma.sync kernel there: correct, but slower.
+constexpr int policy_index_for(int rows, bool direct_kv, int arch, int batch, int page_size) {
   const int i = policy_index_for_rows(rows);
   const bool promoted =
-      kPolicies[i].rows == 32 || (kPolicies[i].rows == 16 && batch >= kWsMinRequests16);
+      !direct_keys_as_m(kPolicies[i], batch, page_size) &&
+      (kPolicies[i].rows == 32 || (kPolicies[i].rows == 16 && batch >= kWsMinRequests16));
   if (direct_kv && arch == 90 && promoted &&
       kPolicies[kNumPolicies - 1].mainloop == Mainloop::warpgroup_ws)
     return kNumPolicies - 1;

@@ -152,14 +152,16 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
       "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]),         \
       "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
 // wgmma.mma_async SS: D (+)= A B with A and B through descriptors; scale-d = accumulate.
-// IA, IB, IP: operand numbers of desc_a, desc_b and the flag; TB: 1 = B MN-major.
-#define MLAKIT_WGMMA_SS(SHAPE, TY, REGS, IA, IB, IP, TB, ...)                                   \
+// IA, IB, IP: operand numbers of desc_a, desc_b and the flag; TA / TB: 1 = A / B MN-major.
+#define MLAKIT_WGMMA_SS_T(SHAPE, TY, REGS, IA, IB, IP, TA, TB, ...)                             \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " IP                                           \
                ", 0;\n"                                                                         \
                "wgmma.mma_async.sync.aligned." SHAPE ".f32." TY "." TY " " REGS ", " IA ", " IB \
-               ", p, 1, 1, 0, " TB ";\n}\n"                                                     \
+               ", p, 1, 1, " TA ", " TB ";\n}\n"                                                \
                : __VA_ARGS__                                                                    \
                : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)))
+#define MLAKIT_WGMMA_SS(SHAPE, TY, REGS, IA, IB, IP, TB, ...) \
+  MLAKIT_WGMMA_SS_T(SHAPE, TY, REGS, IA, IB, IP, "0", TB, __VA_ARGS__)
 
 // wgmma.mma_async RS: D (+)= A B with A from four registers per thread (the m64k16 A
 // fragment) and B through a descriptor. IA0: operand number of the first A register.
@@ -187,6 +189,51 @@ struct Wgmma {
     else
       MLAKIT_WGMMA_SS("m64n32k16", "f16", MLAKIT_WGMMA_REGS16, "%16", "%17", "%18", "0",
                       MLAKIT_WGMMA_OUT16);
+#else
+    (void)d, (void)desc_a, (void)desc_b, (void)accumulate;
+#endif
+  }
+
+  // The keys-as-M mainloop of 16-bit KV (decode_kt_sm90.hpp), both operands through
+  // descriptors: D[64 x N] (+)= A[64 x 16] B[16 x N] for N = 16 and 32, B K-major; A K-major
+  // (S^T = K Q^T) or, with TransA, MN-major (O^T = V^T P^T, V^T read from the token-major
+  // tile).
+  template <bool TransA>
+  __device__ static void mma_ss_n16(float (&d)[8], std::uint64_t desc_a, std::uint64_t desc_b,
+                                    bool accumulate) {
+#if defined(MLAKIT_WGMMA_ENABLED)
+    if constexpr (kBf16 && TransA)
+      MLAKIT_WGMMA_SS_T("m64n16k16", "bf16", MLAKIT_WGMMA_REGS8, "%8", "%9", "%10", "1", "0",
+                        MLAKIT_WGMMA_OUT8);
+    if constexpr (kBf16 && !TransA)
+      MLAKIT_WGMMA_SS_T("m64n16k16", "bf16", MLAKIT_WGMMA_REGS8, "%8", "%9", "%10", "0", "0",
+                        MLAKIT_WGMMA_OUT8);
+    if constexpr (!kBf16 && TransA)
+      MLAKIT_WGMMA_SS_T("m64n16k16", "f16", MLAKIT_WGMMA_REGS8, "%8", "%9", "%10", "1", "0",
+                        MLAKIT_WGMMA_OUT8);
+    if constexpr (!kBf16 && !TransA)
+      MLAKIT_WGMMA_SS_T("m64n16k16", "f16", MLAKIT_WGMMA_REGS8, "%8", "%9", "%10", "0", "0",
+                        MLAKIT_WGMMA_OUT8);
+#else
+    (void)d, (void)desc_a, (void)desc_b, (void)accumulate;
+#endif
+  }
+  template <bool TransA>
+  __device__ static void mma_ss_n32_t(float (&d)[16], std::uint64_t desc_a, std::uint64_t desc_b,
+                                    bool accumulate) {
+#if defined(MLAKIT_WGMMA_ENABLED)
+    if constexpr (kBf16 && TransA)
+      MLAKIT_WGMMA_SS_T("m64n32k16", "bf16", MLAKIT_WGMMA_REGS16, "%16", "%17", "%18", "1", "0",
+                        MLAKIT_WGMMA_OUT16);
+    if constexpr (kBf16 && !TransA)
+      MLAKIT_WGMMA_SS_T("m64n32k16", "bf16", MLAKIT_WGMMA_REGS16, "%16", "%17", "%18", "0", "0",
+                        MLAKIT_WGMMA_OUT16);
+    if constexpr (!kBf16 && TransA)
+      MLAKIT_WGMMA_SS_T("m64n32k16", "f16", MLAKIT_WGMMA_REGS16, "%16", "%17", "%18", "1", "0",
+                        MLAKIT_WGMMA_OUT16);
+    if constexpr (!kBf16 && !TransA)
+      MLAKIT_WGMMA_SS_T("m64n32k16", "f16", MLAKIT_WGMMA_REGS16, "%16", "%17", "%18", "0", "0",
+                        MLAKIT_WGMMA_OUT16);
 #else
     (void)d, (void)desc_a, (void)desc_b, (void)accumulate;
 #endif

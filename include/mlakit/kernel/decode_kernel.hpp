@@ -115,10 +115,16 @@ struct DecodeTraits {
   // A `warpgroup_ws` policy has its own kernel (decode_ws_sm90.hpp) for sm_90a; this kernel
   // is then only its fallback on other targets.
   static constexpr bool kWarpgroupPolicy = kPolicy.mainloop == arch::Mainloop::warpgroup_ws;
-  // e4m3fn KV of a policy whose fp8 mainloop is keys_as_m: decode_kernel_kt
-  // (decode_kt_sm90.hpp, which checks the policy's row count) on sm_90a, this kernel elsewhere.
+  // e4m3fn KV of a policy whose fp8 mainloop is keys_as_m, and KV of the Q type of a policy
+  // whose direct mainloop is: decode_kernel_kt (decode_kt_sm90.hpp, which checks the policy's
+  // row count) on sm_90a, this kernel elsewhere.
+#if defined(MLAKIT_PLATFORM_CUDA)
   static constexpr bool kKeysAsM =
-      kFp8Operands && kPolicy.fp8_mainloop == arch::Mainloop::keys_as_m;
+      (kFp8Operands && kPolicy.fp8_mainloop == arch::Mainloop::keys_as_m) ||
+      (kDirect && kPolicy.direct_mainloop == arch::Mainloop::keys_as_m);
+#else
+  static constexpr bool kKeysAsM = false;
+#endif
 
   __device__ static int heads(const DecodeArgs& a) {
     return Problem::kHeads > 0 ? Problem::kHeads : a.num_heads;

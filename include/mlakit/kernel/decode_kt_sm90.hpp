@@ -1,8 +1,9 @@
 #pragma once
-// Hopper keys-as-M mainloop of the 16-, 32- and 64-row policies for e4m3fn KV (sm_90a device
-// code only; on other targets, and for other KV types, the host launches the policy's other
-// mainloop). Described below for 16 rows; 32 rows (N = 32, KtConfig<32>) and 64 rows (N = 64,
-// KtConfig<64>) differ as said at the end of this comment.
+// Hopper keys-as-M mainloop of the 16-, 32- and 64-row policies for e4m3fn KV and of the 16-
+// and 32-row policies for KV of the Q type (sm_90a device code only; on other targets, and for
+// other KV types, the host launches the policy's other mainloop). Described below for 16 rows
+// of e4m3fn KV; 32 rows (N = 32, KtConfig<32>), 64 rows (N = 64, KtConfig<64>) and 16-bit KV
+// (KtConfig<Rows, 2>) differ as said at the end of this comment.
 //
 // wgmma's M is 64, and a tile of up to 16 rows (16 heads x q_len 1) padded to 64 would waste
 // three quarters of the matrix work. Here the keys are M and the rows are N = 16:
@@ -52,8 +53,20 @@
 //   its P, and after NamedBarrier::tile_p each multiplies both tiles' P by its half of V.
 //   Three raw stages (Q is 72 KB), setmaxnreg 240 / 24, an odd tile count padded with a
 //   masked tile of zeros (consume_pairs()).
-// All forms: P is stored with stmatrix.trans, and the next batch's ldmatrix is issued before
-// the current batch is converted.
+// All e4m3fn forms: P is stored with stmatrix.trans, and the next batch's ldmatrix is issued
+// before the current batch is converted.
+// 16-bit KV of the Q type (bf16 / fp16; KtConfig<Rows, 2>; the default table runs it for 32
+//   rows, TilePolicy::direct_mainloop; 16 rows build and pass the GPU suite but were slower
+//   than the padded 64-row tile): no conversion, so no operand is built in registers: the
+//   stage holds the tile as nine 64-dim chunks of [64 tokens x 128 B] with the 128-byte
+//   swizzle, and both products read it through descriptors (wgmma SS): S^T with A = K
+//   (K-major) and B = Q (natural dim order, scale_log2 for every row); O^T with A = V^T, the
+//   same chunks read MN-major (transposed A), and B = P^T (P in the Q type). M row g
+//   of O^T is dim g of its block (natural order). A stage is 72 KB: one CTA per SM of one
+//   consumer warpgroup (tiles in order, as for 16 rows above) and a producer warpgroup (18
+//   cp.async of 16 B per lane and token), two stages, each landing in nine parts (chunks) that
+//   S^T waits for one by one (with the async-proxy fence: wgmma reads them) and released chunk
+//   by chunk: the rope chunk after S^T, V chunk mb after the P V of its dims retired.
 #include <cstdint>
 
 #include "../arch/convert.hpp"
@@ -80,13 +93,14 @@ struct DecodeMainloop;
 // so one CTA per SM holds two consumer warpgroups that take alternate tiles (their states are
 // merged at the end of a piece) and a producer warpgroup (384 threads, setmaxnreg hands the
 // consumers 232 registers), four raw stages.
-template <int Rows>
+template <int Rows, int KvBytes = 1>
 struct KtConfig;
 template <>
 struct KtConfig<16> {
   static constexpr int kWarpgroups = 1, kProducerWarps = 1, kStages = 2;
   static constexpr int kConsumerRegs = 0, kProducerRegs = 0;  // no hand-over
   static constexpr bool kSplitDims = false;
+  static constexpr int kParts = 1;  // the stage lands and is released whole
   // Below kFp8CtasMinRowTiles requests x row tiles, in automatic mode: this kernel, planning
   // for itself, rather than the self-planned mma.sync kernel (H200, 16 heads x q_len 1, whole
   // call in a graph: batch 8 x kv 32768 at page 1 79.5 -> 64.2 us, batch 8 x kv 131072 261 ->
@@ -98,6 +112,7 @@ struct KtConfig<32> {
   static constexpr int kWarpgroups = 2, kProducerWarps = 4, kStages = 4;
   static constexpr int kConsumerRegs = 232, kProducerRegs = 40;
   static constexpr bool kSplitDims = false;
+  static constexpr int kParts = 1;
   // Not below kFp8CtasMinRowTiles (same measurement, 16 heads x q_len 2): batch 8 x kv 32768
   // gained 25%, but batch 1 and 8 at kv 8192 lost 20%; the mma.sync kernel keeps them.
   static constexpr bool kSelfPlanSmall = false;
@@ -112,31 +127,51 @@ struct KtConfig<64> {
   static constexpr int kWarpgroups = 2, kProducerWarps = 4, kStages = 3;
   static constexpr int kConsumerRegs = 240, kProducerRegs = 24;
   static constexpr bool kSplitDims = true;
+  static constexpr int kParts = 1;
   // Not below kFp8CtasMinRowTiles: slower than the warp-specialized kernel there except at
   // batch 8 x kv >= 32768 (16 heads x q_len 4 and 8, H200).
   static constexpr bool kSelfPlanSmall = false;
 };
 
-// Dynamic shared memory of the keys-as-M mainloop (16 rows: 94 KB, two CTAs per SM; 32 rows:
-// 188 KB; 64 rows: 196 KB).
+// 16-bit KV of the Q type (16 and 32 rows): a 64-token stage is 72 KB, so one CTA per SM with
+// two stages, one consumer warpgroup (O^T of 32 rows is 128 registers per thread, within the
+// 255 of a 256-thread CTA) and a producer warpgroup (18 copies of 16 bytes per lane and token).
 template <int Rows>
+struct KtConfig<Rows, 2> {
+  static_assert(Rows == 16 || Rows == 32, "16 or 32 rows of 16-bit KV");
+  static constexpr int kWarpgroups = 1, kProducerWarps = 4, kStages = 2;
+  static constexpr int kConsumerRegs = 0, kProducerRegs = 0;
+  static constexpr bool kSplitDims = false;
+  // The stage lands and is released in its nine 64-dim chunks: S^T starts on chunk 0 before
+  // the last one lands, the rope chunk is refilled once S^T retired and V chunk mb once the
+  // P V of its dims retired.
+  static constexpr int kParts = 9;
+  static constexpr bool kSelfPlanSmall = false;
+};
+
+// Dynamic shared memory of the keys-as-M mainloop (e4m3fn KV: 16 rows 94 KB, two CTAs per SM;
+// 32 rows 188 KB; 64 rows 196 KB. 16-bit KV: 16 rows 164 KB, 32 rows 184 KB).
+template <int Rows, int KvBytes = 1>
 struct KtSharedStorage {
-  static constexpr int kStages = KtConfig<Rows>::kStages;
-  static constexpr int kStageBytes = 64 * kHeadDimQK;  // raw e4m3fn [64 tokens x 576 B]
+  static constexpr int kStages = KtConfig<Rows, KvBytes>::kStages;
+  // e4m3fn: raw [64 tokens x 576 B], row-major; 16-bit: nine 64-dim chunks of [64 tokens x
+  // 128 B] with the 128-byte swizzle (the wgmma operand layout of Swizzle128Tile<64>)
+  static constexpr int kStageBytes = 64 * kHeadDimQK * KvBytes;
   // Q [Rows x 576] f16; after a piece's last tile, the exchange buffer of the two warpgroups'
   // states (32 rows).
   alignas(1024) unsigned char q[9 * Swizzle128Tile<Rows>::kChunkBytes];
   // P [Rows x 64 keys] f16 of each consumer warpgroup.
-  alignas(1024) unsigned char p[KtConfig<Rows>::kWarpgroups][Swizzle128Tile<Rows>::kChunkBytes];
-  alignas(128) unsigned char kv[kStages][kStageBytes];
+  alignas(1024) unsigned char p[KtConfig<Rows, KvBytes>::kWarpgroups]
+                               [Swizzle128Tile<Rows>::kChunkBytes];
+  alignas(KvBytes == 2 ? 1024 : 128) unsigned char kv[kStages][kStageBytes];
 };
 // Static shared memory: only sm_90a code of the kernel declares it (keys_as_m_usable() in
 // api/decode.hpp tells the loaded code by its size; 1024-aligned, as the dynamic part that
 // follows it, so that the size the runtime reports is sizeof).
-template <int Rows>
+template <int Rows, int KvBytes = 1>
 struct alignas(1024) KtStaticStorage {
-  using C = KtConfig<Rows>;
-  using Pipeline = arch::RingPipeline<C::kStages, 1, 1, 32 * C::kProducerWarps>;
+  using C = KtConfig<Rows, KvBytes>;
+  using Pipeline = arch::RingPipeline<C::kStages, C::kParts, C::kParts, 32 * C::kProducerWarps>;
   float tile_max[2][C::kWarpgroups][4][Rows];  // [tile parity][warpgroup][warp][row] (64 rows:
                                                // unused, pair_max instead)
   float row_sum[C::kWarpgroups][4][Rows];      // epilogue: l of each warp's keys
@@ -157,13 +192,18 @@ struct alignas(1024) KtStaticStorage {
 template <class Tr>
 struct KtMainloop {
   using Tq = typename Tr::Tq;
-  using W = arch::Wgmma<fp16_t>;
-  using Atom = typename Tr::Atom;  // arch::MmaAtom<fp16_t>: ldmatrix and the e4m3x2 widening
+  // e4m3fn KV: A fragments widened to f16 in registers; 16-bit KV (of the Q type): both
+  // operands from shared memory, in the Q type.
+  static constexpr bool kKv16 = !Tr::kFp8Operands;
+  static constexpr int kKvBytes = kKv16 ? 2 : 1;
+  using Tc = std::conditional_t<kKv16, Tq, fp16_t>;  // wgmma operand type (Q, P)
+  using W = arch::Wgmma<Tc>;
+  using Atom = typename Tr::Atom;  // e4m3fn: arch::MmaAtom<fp16_t>, ldmatrix and the widening
   using Copy = typename Tr::Copy;
   static constexpr int kRows = Tr::kRows;
-  using Cfg = KtConfig<kRows>;
-  using SharedStorage = KtSharedStorage<kRows>;
-  using StaticStorage = KtStaticStorage<kRows>;
+  using Cfg = KtConfig<kRows, kKvBytes>;
+  using SharedStorage = KtSharedStorage<kRows, kKvBytes>;
+  using StaticStorage = KtStaticStorage<kRows, kKvBytes>;
   using QTile = Swizzle128Tile<kRows>;
   using Pipeline = typename StaticStorage::Pipeline;
   using State = arch::PipelineState<SharedStorage::kStages>;
@@ -171,14 +211,15 @@ struct KtMainloop {
   static constexpr int kConsumerThreads = 128 * kWg;
   static constexpr int kProducerThreads = 32 * Cfg::kProducerWarps;
   static constexpr int kThreads = kConsumerThreads + kProducerThreads;
-  static constexpr int kCtasPerSm = arch::keys_as_m_ctas_per_sm(kRows);
+  static constexpr int kCtasPerSm = arch::keys_as_m_ctas_per_sm(kRows, kKvBytes);
   static constexpr int kTok = 8 / Cfg::kProducerWarps;  // tokens per producer lane and tile
   static constexpr int kQ = kRows / 4;  // rows per thread in an m64 x kRows accumulator
   static constexpr int kS = kRows / 2;  // registers per thread of an m64 x kRows accumulator
   static constexpr bool kSplitDims = Cfg::kSplitDims;
   static constexpr int kMbOwn = kSplitDims ? 4 : 8;  // 64-dim blocks of O^T a warpgroup holds
-  static_assert((kRows == 16 || kRows == 32 || kRows == 64) && Tr::kFp8Operands,
-                "16, 32 or 64 rows of e4m3fn KV");
+  static_assert(((kRows == 16 || kRows == 32 || kRows == 64) && Tr::kFp8Operands) ||
+                    ((kRows == 16 || kRows == 32) && Tr::kDirect),
+                "16, 32 or 64 rows of e4m3fn KV, or 16 or 32 rows of KV of the Q type");
   // Dynamic shared memory of the kernel that uses the planner's plan, and of the one that
   // plans for itself (the plan follows the mainloop's bytes).
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
@@ -224,6 +265,15 @@ struct KtMainloop {
     else
       W::mma_rs_n64(d, a, desc_b, accumulate);
   }
+  // 16-bit KV: S^T (A = K, K-major) and O^T (TransA: A = V^T, read MN-major).
+  template <bool TransA>
+  __device__ static void mma_ss(float (&d)[kS], std::uint64_t desc_a, std::uint64_t desc_b,
+                                bool accumulate) {
+    if constexpr (kRows == 16)
+      W::template mma_ss_n16<TransA>(d, desc_a, desc_b, accumulate);
+    else
+      W::template mma_ss_n32_t<TransA>(d, desc_a, desc_b, accumulate);
+  }
   // The consumers' barrier at the end of a piece. With two warpgroups, each runs its own copy
   // of merge<Wg>() and epilogue<Wg>(), so they reach it at different instructions.
   __device__ static void consumers_sync() {
@@ -241,9 +291,11 @@ struct KtMainloop {
 
   // ---- producer warps ----------------------------------------------------------------------
   // Producer thread l (of 32 x kProducerWarps) copies tokens l / 4 + 8 kProducerWarps k
-  // (k < kTok), 16 bytes at 16 (l % 4) + 64 c of each row (c = 0..8). The tokens share
-  // (token >> 1) & 3, hence the swizzled column, so every copy is one instruction at constant
-  // offsets from a per-thread shared base and a per-token source.
+  // (k < kTok), 16 bytes at 16 (l % 4) + 64 c of each row (c < kCopies). The tokens share
+  // (token >> 1) & 3 and token & 7, hence the swizzled column, so every copy is one
+  // instruction at constant offsets from a per-thread shared base (16-bit KV: two, for the
+  // even and odd c) and a per-token source.
+  static constexpr int kCopies = kHeadDimQK * kKvBytes / 64;
   static constexpr int kTokStride = 8 * Cfg::kProducerWarps;
   __device__ void fetch_pages(const std::int32_t* table, int kt, int last, int pl,
                               int (&id)[kTok]) const {
@@ -260,7 +312,11 @@ struct KtMainloop {
     const int sub = pl & 3, r0 = pl >> 2;
     const std::int32_t* table = m.page_table();
     const int last = r.kv_end - 1;
-    const std::uint32_t dst0 = r0 * kHeadDimQK + ((sub ^ ((r0 >> 1) & 3)) << 4);
+    // e4m3fn: row r0 of 576 B, unit swizzle (r0 >> 1) & 3. 16-bit: unit u = sub + 4 c of the
+    // 72 lies in chunk c >> 1 at position (sub + 4 (c & 1)) ^ (r0 & 7).
+    const std::uint32_t dst0 = kKv16 ? r0 * 128 + ((sub ^ (r0 & 7)) << 4)
+                                     : r0 * kHeadDimQK + ((sub ^ ((r0 >> 1) & 3)) << 4);
+    const std::uint32_t dst1 = r0 * 128 + (((sub | 4) ^ (r0 & 7)) << 4);  // 16-bit, odd c
     int id[kTok];
     fetch_pages(table, r.kv_begin, last, pl, id);
     for (int i = 0; i < r.n_tiles; ++i) {
@@ -277,12 +333,29 @@ struct KtMainloop {
         bytes[k] = valid ? 16u : 0u;
       }
       if (i + 1 < r.n_tiles) fetch_pages(table, kt + 64, last, pl, id);  // in flight
+      if constexpr (Cfg::kParts > 1) {
+        // 16-bit KV: chunk c (copies 2 c and 2 c + 1 of each token) is part c.
+        const std::uint32_t base = smem_u32(ss.kv[st.stage()]);
+#pragma unroll
+        for (int c = 0; c < Cfg::kParts; ++c) {
+          pipe.producer_acquire(st, c);
+#pragma unroll
+          for (int k = 0; k < kTok; ++k)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              Copy::copy16(base + (e ? dst1 : dst0) + c * (64 * 128) + k * kTokStride * 128,
+                           src[k] + 64 * (2 * c + e), bytes[k]);
+          pipe.producer_commit_cp_async(st, c);
+        }
+        st.advance();
+        continue;
+      }
       pipe.producer_acquire(st, 0);
       const std::uint32_t dst = smem_u32(ss.kv[st.stage()]) + dst0;
 #pragma unroll
       for (int k = 0; k < kTok; ++k) {
 #pragma unroll
-        for (int c = 0; c < 9; ++c)
+        for (int c = 0; c < kCopies; ++c)
           Copy::copy16(dst + k * kTokStride * kHeadDimQK + 64 * c, src[k] + 64 * c, bytes[k]);
       }
       pipe.producer_commit_cp_async(st, 0);
@@ -294,8 +367,31 @@ struct KtMainloop {
 
   // Q [kRows x 576] -> sQ in f16 x 2^e per row, each 16-dim block permuted as the K fragments
   // deliver it (dims {0,1,4,5,8,9,12,13} in unit 2 blk, {2,3,6,7,10,11,14,15} in 2 blk + 1).
+  // 16-bit KV: Q in the Q type, dims in natural order, every row scaled by scale_log2 in the
+  // softmax.
   __device__ void load_q() const {
     unsigned char* q = ss.q;
+    if constexpr (kKv16) {
+      constexpr int kUnits = kHeadDimQK / 8;
+      const DecodeArgs& a = m.p.a;
+      for (int c = static_cast<int>(threadIdx.x); c < kRows * kUnits; c += kConsumerThreads) {
+        const int r = c / kUnits, u = c % kUnits;
+        const int row = m.row0 + r;
+        const bool valid = row < m.rows;
+        const Tq* src = static_cast<const Tq*>(a.q);
+        if (valid) {
+          const int t = row / m.heads, h = row - t * m.heads;
+          src += m.b * a.q_stride_batch + t * a.q_stride_token + h * a.q_stride_head + u * 8;
+        }
+        Copy::copy16(q + QTile::unit_offset(r, u), src, valid);
+      }
+      for (int n = static_cast<int>(threadIdx.x); n < kRows; n += kConsumerThreads)
+        sv.q_scale[n] = m.p.scale_log2;
+      Copy::commit();
+      Copy::template wait<0>();
+      arch::fence_proxy_async_smem();
+      return;
+    }
     m.template load_q_scaled<kConsumerThreads>(
         [&](int r, int blk, const std::uint32_t(&w)[8]) {
           *reinterpret_cast<uint4*>(q + QTile::unit_offset(r, 2 * blk)) =
@@ -314,7 +410,32 @@ struct KtMainloop {
   // two spill, and three batches in flight measured no faster).
   static constexpr int kSPairsPerBatch = kRows == 64 ? 1 : 2;
   static constexpr int kSDepth = 2;  // batches in flight
-  __device__ void issue_s(float (&s)[kS], std::uint32_t kv, int wi, int lane) const {
+  __device__ void issue_s(float (&s)[kS], std::uint32_t kv, int wi, int lane,
+                          const State& st) const {
+    if constexpr (kKv16) {
+      // A = K: chunk kb / 4 of the stage, k-step kb % 4 (32 bytes); B = Q: the same of sQ.
+      // Each chunk is waited for right before its four k-steps.
+      std::uint32_t q_addr = smem_u32(ss.q);
+      asm volatile("" : "+r"(kv), "+r"(q_addr));
+      const arch::WgmmaDescBase dk = arch::WgmmaDescBase::make(kv, 16, 1024);
+      const arch::WgmmaDescBase dq = arch::WgmmaDescBase::make(q_addr, 16, 1024);
+      const Pipeline pipe{sv.bars};
+#pragma unroll
+      for (int kb = 0; kb < kHeadDimQK / 16; ++kb) {
+        if (kb % 4 == 0) {  // chunk kb / 4 landed (fenced: wgmma reads it)
+          pipe.consumer_wait(st, kb / 4);
+          arch::wgmma_fence();
+        }
+        const std::uint64_t da = dk.at((kb >> 2) * (64 * 128) + 32 * (kb & 3));
+        const std::uint64_t db = dq.at((kb >> 2) * QTile::kChunkBytes + 32 * (kb & 3));
+        mma_ss<false>(s, da, db, kb != 0);
+      }
+      arch::wgmma_commit();
+      arch::wgmma_wait<0>();
+      arch::fence_operand(s);
+      pipe.consumer_release(st, 8);  // the rope chunk: only S^T reads it
+      return;
+    }
     // Per-lane bases of the even / odd chunk pair: key 16 wi + (lane & 7) + 8 ((lane >> 3) & 1),
     // raw chunk 2 cp + (lane >> 4); XOR-swizzle by (key >> 1) & 3 within groups of 4 chunks.
     const int key = 16 * wi + (lane & 7) + 8 * ((lane >> 3) & 1);
@@ -372,6 +493,27 @@ struct KtMainloop {
   template <bool kChained = false>
   __device__ void issue_pv(float (&o)[kMbOwn][kS], std::uint32_t kv, std::uint32_t p_addr,
                            int wi, int lane, const State& st, int mb_base = 0) const {
+    if constexpr (kKv16) {
+      // A = V^T of dims block mb: chunk mb of the stage read MN-major (the dims are its
+      // contiguous 128 bytes), 16 keys (2048 bytes) per k-step; B = P^T from sP. The caller
+      // releases the stage once these retire (wgmma reads it).
+      asm volatile("" : "+r"(kv), "+r"(p_addr));
+      const arch::WgmmaDescBase dv = arch::WgmmaDescBase::make(kv, 64 * 128, 1024);
+      const arch::WgmmaDescBase dp = arch::WgmmaDescBase::make(p_addr, 16, 1024);
+      // One commit group per dims block, so chunk mb is released as soon as its P V retired.
+      const Pipeline pipe{sv.bars};
+      arch::wgmma_fence();
+#pragma unroll
+      for (int mb = 0; mb < 8; ++mb) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          mma_ss<true>(o[mb], dv.at(mb * (64 * 128) + 2048 * j), dp.at(32 * j), true);
+        arch::wgmma_commit();
+      }
+      release_in_order<7>(pipe, st);
+      (void)wi, (void)lane, (void)mb_base;
+      return;
+    }
     constexpr int kHalves = kMbOwn / 4;  // batches per 16 keys
     const Pipeline pipe{sv.bars};
     // Lane address of the transposing ldmatrix.x4: tokens 16 j + (lane & 7) + 8 ((lane >> 3)
@@ -426,6 +568,15 @@ struct KtMainloop {
         mma(o[mb0 + i], a[i], dp.at(32 * j), true);
       arch::wgmma_commit();
     }
+  }
+
+  // 16-bit KV: waits for the commit groups of P V one by one (N groups still pending) and
+  // releases chunk 7 - N of the stage after each.
+  template <int N>
+  __device__ static void release_in_order(const Pipeline& pipe, const State& st) {
+    arch::wgmma_wait<N>();
+    pipe.consumer_release(st, 7 - N);
+    if constexpr (N > 0) release_in_order<N - 1>(pipe, st);
   }
 
   struct Softmax {
@@ -557,7 +708,7 @@ struct KtMainloop {
 #pragma unroll
       for (int m4 = 0; m4 < 4; ++m4) {
         const int i = 4 * (2 * k + (m4 >> 1)) + 2 * (m4 & 1);
-        v[m4] = arch::pack2<fp16_t>(s[i], s[i + 1]);
+        v[m4] = arch::pack2<Tc>(s[i], s[i + 1]);
       }
       arch::stsm_x4_trans(base + 16 * 128 * k, v[0], v[1], v[2], v[3]);
     }
@@ -604,10 +755,11 @@ struct KtMainloop {
       for (int i = 0; i < r.n_tiles; ++i, st.advance()) {
         if (kWg > 1 && i % kWg != w) continue;  // the other warpgroup's tile
         const int kt = r.kv_begin + 64 * i;
-        pipe.consumer_wait_generic(st, 0);
+        // 16-bit KV: issue_s waits for each chunk (with the async-proxy fence: wgmma reads it)
+        if constexpr (!kKv16) pipe.consumer_wait_generic(st, 0);
         const std::uint32_t kv = smem_u32(ss.kv[st.stage()]);
         float s[kS];
-        issue_s(s, kv, wi, lane);
+        issue_s(s, kv, wi, lane, st);
         arch::wgmma_wait<0>();
         arch::fence_operand(s);
         float alpha[kQ];
@@ -796,7 +948,7 @@ struct KtMainloop {
         const int kt = r.kv_begin + 64 * (2 * j + w);
         float s[kS];
         pipe.consumer_wait_generic(st_own, 0);
-        issue_s(s, smem_u32(ss.kv[st_own.stage()]), wi, lane);
+        issue_s(s, smem_u32(ss.kv[st_own.stage()]), wi, lane, st_own);
         arch::wgmma_wait<0>();
         arch::fence_operand(s);
         softmax_pair(s, kt, kt + 64 > mask_from, w, wi, g, t, j & 1, l_run, o);
@@ -930,20 +1082,44 @@ struct KtMainloop {
     const bool split = pc.partial_slot >= 0;
     constexpr int kMb0 = 8 * Wg / kWg, kMb1 = 8 * (Wg + 1) / kWg;
     constexpr int kOff = kSplitDims ? kMb0 : 0;  // o[] holds blocks from kOff on
+    if constexpr (kKv16) {
+      // o[mb][4 j + 2 h + e]: dim 64 mb + 16 wi + g + 8 h, row 8 j + 2 t + e. Lanes g and g ^ 1
+      // (lane ^ 4) hold adjacent dims of the same rows: even g stores dims (g, g + 1) of h = 0,
+      // odd g dims (g + 7, g + 8) of h = 1, each with one value received from the other.
+      const bool odd = g & 1;
 #pragma unroll
-    for (int q = 0; q < kQ; ++q) {
-      const int row = m.row0 + row_of(q, t);
-      if (row >= m.rows) continue;
-      Tq* const dst = m.o_row(pc, row);  // once per row: partial slot or output
-#pragma unroll
-      for (int mb = kMb0; mb < kMb1; ++mb) {
-        // o[mb][4 j + 2 h + e]: dim 16 (4 mb + wi) + 2 g + h, row 8 j + 2 t + e (q = 2 j + e)
+      for (int q = 0; q < kQ; ++q) {
+        const int row = m.row0 + row_of(q, t);
+        const bool valid = row < m.rows;
+        Tq* const dst = valid ? m.o_row(pc, row) : nullptr;
         const int i0 = 4 * (q >> 1) + (q & 1);
-        const int col = 16 * (4 * mb + wi) + 2 * g;
-        const float v0 = o[mb - kOff][i0] * inv[q], v1 = o[mb - kOff][i0 + 2] * inv[q];
-        *reinterpret_cast<std::uint32_t*>(dst + col) = arch::pack2<Tq>(v0, v1);
+#pragma unroll
+        for (int mb = 0; mb < 8; ++mb) {
+          const float v0 = o[mb][i0] * inv[q], v1 = o[mb][i0 + 2] * inv[q];
+          const float x = shfl_xor(odd ? v0 : v1, 4);
+          const int col = 64 * mb + 16 * wi + (g & ~1) + (odd ? 8 : 0);
+          if (valid)
+            *reinterpret_cast<std::uint32_t*>(dst + col) =
+                odd ? arch::pack2<Tq>(x, v1) : arch::pack2<Tq>(v0, x);
+        }
+        if (valid && wi == 0 && g == 0) m.store_lse(pc, split, row, lse[q]);
       }
-      if (Wg == 0 && wi == 0 && g == 0) m.store_lse(pc, split, row, lse[q]);
+    } else {
+#pragma unroll
+      for (int q = 0; q < kQ; ++q) {
+        const int row = m.row0 + row_of(q, t);
+        if (row >= m.rows) continue;
+        Tq* const dst = m.o_row(pc, row);  // once per row: partial slot or output
+#pragma unroll
+        for (int mb = kMb0; mb < kMb1; ++mb) {
+          // o[mb][4 j + 2 h + e]: dim 16 (4 mb + wi) + 2 g + h, row 8 j + 2 t + e (q = 2 j + e)
+          const int i0 = 4 * (q >> 1) + (q & 1);
+          const int col = 16 * (4 * mb + wi) + 2 * g;
+          const float v0 = o[mb - kOff][i0] * inv[q], v1 = o[mb - kOff][i0 + 2] * inv[q];
+          *reinterpret_cast<std::uint32_t*>(dst + col) = arch::pack2<Tq>(v0, v1);
+        }
+        if (Wg == 0 && wi == 0 && g == 0) m.store_lse(pc, split, row, lse[q]);
+      }
     }
     // sQ (the exchange buffers) and row_sum are rewritten by the next piece only after every
     // consumer is here.
@@ -979,8 +1155,9 @@ __global__ void __launch_bounds__(KtMainloop<Tr>::kThreads, KtMainloop<Tr>::kCta
   if (threadIdx.x == 0) {
     // Each use of a stage is released by the four warps of the warpgroup that consumed it
     // (64 rows: by all eight consumer warps, which all read its V).
-    int releasers[ML::SharedStorage::kStages][1];
-    for (int s = 0; s < ML::SharedStorage::kStages; ++s) releasers[s][0] = ML::kSplitDims ? 8 : 4;
+    int releasers[ML::SharedStorage::kStages][ML::Cfg::kParts];
+    for (int s = 0; s < ML::SharedStorage::kStages; ++s)
+      for (int g = 0; g < ML::Cfg::kParts; ++g) releasers[s][g] = ML::kSplitDims ? 8 : 4;
     ML::Pipeline::init(sv.bars, releasers);
     arch::mbar_init_fence();
   }
