@@ -4,8 +4,8 @@
 // Status (never abort); workspace_bytes() does not depend on kv_len or other per-step data.
 // validate() never dereferences a pointer, so dummy aligned host buffers stand in for device
 // memory.
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -409,28 +409,28 @@ TEST_CASE("policy choice: rows, KV type and device", "[validate]") {
     for (bool direct : {false, true}) {
       for (int device_arch : {80, 90, 942}) {
         for (int batch : {1, arch::kWsMinRequests16 - 1, arch::kWsMinRequests16, 65535})
-        for (int page : {1, 16, arch::kKtDirectMinPage, 256}) {
-          const int by_rows = arch::policy_index_for_rows(rows);
-          const int i = policy_index_for(rows, direct, device_arch, batch, page);
-          INFO("rows " << rows << " direct " << direct << " arch " << device_arch << " batch "
-                       << batch << " page " << page);
-          REQUIRE(i >= 0);
-          REQUIRE(i < kNumPolicies);
-          CHECK(kPolicies[i].rows >= std::min(rows, kPolicies[kNumPolicies - 1].rows));
-          // sm_90, KV of the Q type: the small tile's keys-as-M form from kFp8CtasMinRowTiles
-          // requests up; else 17..32 rows (and 1..16 rows from kWsMinRequests16 requests up)
-          // the warp-specialized 64-row tile.
-          const bool keys_as_m = kPolicies[by_rows].direct_mainloop == arch::Mainloop::keys_as_m &&
-                                 batch >= arch::kFp8CtasMinRowTiles &&
-                                 page >= arch::kKtDirectMinPage;
-          const bool small =
-              !keys_as_m && (kPolicies[by_rows].rows == 32 ||
-                             (kPolicies[by_rows].rows == 16 && batch >= arch::kWsMinRequests16));
-          const bool promoted =
-              direct && device_arch == 90 && small &&
-              kPolicies[kNumPolicies - 1].mainloop == arch::Mainloop::warpgroup_ws;
-          CHECK(i == (promoted ? kNumPolicies - 1 : by_rows));
-        }
+          for (int page : {1, 16, arch::kKtDirectMinPage, 256}) {
+            const int by_rows = arch::policy_index_for_rows(rows);
+            const int i = policy_index_for(rows, direct, device_arch, batch, page);
+            INFO("rows " << rows << " direct " << direct << " arch " << device_arch << " batch "
+                         << batch << " page " << page);
+            REQUIRE(i >= 0);
+            REQUIRE(i < kNumPolicies);
+            CHECK(kPolicies[i].rows >= std::min(rows, kPolicies[kNumPolicies - 1].rows));
+            // sm_90, KV of the Q type: the small tile's keys-as-M form from kFp8CtasMinRowTiles
+            // requests up; else 17..32 rows (and 1..16 rows from kWsMinRequests16 requests up)
+            // the warp-specialized 64-row tile.
+            const bool keys_as_m =
+                kPolicies[by_rows].direct_mainloop == arch::Mainloop::keys_as_m &&
+                batch >= arch::kFp8CtasMinRowTiles && page >= arch::kKtDirectMinPage;
+            const bool small =
+                !keys_as_m && (kPolicies[by_rows].rows == 32 ||
+                               (kPolicies[by_rows].rows == 16 && batch >= arch::kWsMinRequests16));
+            const bool promoted =
+                direct && device_arch == 90 && small &&
+                kPolicies[kNumPolicies - 1].mainloop == arch::Mainloop::warpgroup_ws;
+            CHECK(i == (promoted ? kNumPolicies - 1 : by_rows));
+          }
       }
     }
   }

@@ -85,8 +85,7 @@ inline PlanShape plan_shape(const DecodeArgs& a, int policy, const DeviceInfo& d
 
 // The policy decode() launches for `a` on `dev`.
 inline int policy_index(const DecodeArgs& a, const DeviceInfo& dev) {
-  return arch::policy_index_for(a.rows(), a.kv_type == a.q_type, dev.arch, a.batch,
-                                a.page_size);
+  return arch::policy_index_for(a.rows(), a.kv_type == a.q_type, dev.arch, a.batch, a.page_size);
 }
 inline int policy_rows(const DecodeArgs& a, const DeviceInfo& dev) {
   return arch::kPolicies[policy_index(a, dev)].rows;
@@ -255,9 +254,9 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
     // 2.6 us at batch 1), or for 64-row tiles the warp-specialized kernel. KV of the Q type:
     // where arch::direct_keys_as_m() says so (policy_index_for picks another policy elsewhere).
     const std::int64_t tiles = request_row_tiles(a, PolicyIndex);
-    if (Tr::kFp8Operands ? tiles >= arch::kFp8CtasMinRowTiles
-                         : arch::direct_keys_as_m(Tr::kPolicy, static_cast<int>(tiles),
-                                                  a.page_size)) {
+    if (Tr::kFp8Operands
+            ? tiles >= arch::kFp8CtasMinRowTiles
+            : arch::direct_keys_as_m(Tr::kPolicy, static_cast<int>(tiles), a.page_size)) {
       if (!(s = keys_as_m_usable<Tr, false>(dev, &keys_as_m))) return s;
     } else if constexpr (KtMainloop<Tr>::Cfg::kSelfPlanSmall) {
       if (a.split_mode == SplitMode::automatic) {
@@ -427,10 +426,11 @@ struct Decode {
     if (!s) return s;
     if constexpr (Problem::kRows > 0) {
       // Only the policies these rows can get (policy_index_for: it depends on the device, and
-      // on sm_90 on the batch; the largest and the smallest batch get every other one).
+      // on sm_90 on the batch and the page size; the largest batch at page 64 and batch 1 at
+      // page 1 get every other one).
       constexpr int any_device = arch::policy_index_for_rows(Problem::kRows);
-      constexpr int sm90 = arch::policy_index_for(Problem::kRows, Problem::kDirectKv, 90,
-                                                  kMaxBatch, arch::kKtDirectMinPage);
+      constexpr int sm90 = arch::policy_index_for(Problem::kRows, Problem::kDirectKv, 90, kMaxBatch,
+                                                  arch::kKtDirectMinPage);
       constexpr int sm90_small =
           arch::policy_index_for(Problem::kRows, Problem::kDirectKv, 90, 1, 1);
       return detail::launch_by_rows<Problem>(

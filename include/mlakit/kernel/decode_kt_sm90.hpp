@@ -56,10 +56,10 @@
 // All e4m3fn forms: P is stored with stmatrix.trans, and the next batch's ldmatrix is issued
 // before the current batch is converted.
 // 16-bit KV of the Q type (bf16 / fp16; KtConfig<Rows, 2>; the default table runs it for 32
-//   rows, TilePolicy::direct_mainloop; 16 rows build and pass the GPU suite but were slower
-//   than the padded 64-row tile): no conversion, so no operand is built in registers: the
-//   stage holds the tile as nine 64-dim chunks of [64 tokens x 128 B] with the 128-byte
-//   swizzle, and both products read it through descriptors (wgmma SS): S^T with A = K
+//   rows, TilePolicy::direct_mainloop; 16 rows compile, passed the GPU suite in earlier builds
+//   and were slower than the padded 64-row tile): no conversion, so no operand is built in
+//   registers: the stage holds the tile as nine 64-dim chunks of [64 tokens x 128 B] with the
+//   128-byte swizzle, and both products read it through descriptors (wgmma SS): S^T with A = K
 //   (K-major) and B = Q (natural dim order, scale_log2 for every row); O^T with A = V^T, the
 //   same chunks read MN-major (transposed A), and B = P^T (P in the Q type). M row g
 //   of O^T is dim g of its block (natural order). A stage is 72 KB: one CTA per SM of one
