@@ -2,15 +2,15 @@
 # Checks that ptxas keeps the wgmma pipelines of the Hopper mainloops (warp-specialized 64-row,
 # keys-as-M 16-, 32- and 64-row) asynchronous, two ways:
 #  1. compiles their kernels (decode_kernel_ws for three KV paths, decode_kernel_kt for two
-#     each of its 16-, 32- and 64-row policies) to
+#     each of its 16-, 32- and 64-row policies of e4m3fn KV and its 32-row 16-bit form) to
 #     sm_90a machine code and counts, in the disassembly, the HGMMA instructions and the
-#     WARPGROUP.DEPBAR waits. The sources wait 8 (ws), 15 (kt, 16 and 32 rows) and 24 (kt,
+#     WARPGROUP.DEPBAR waits. The sources wait 8 (ws), 15 (kt, 16 and 32 rows), 11 (kt, 16-bit) and 24 (kt,
 #     64 rows) times per kernel
 #     (docs/design.md, "Hopper mainloops"); ptxas serialises a
 #     pipeline it cannot prove safe by adding a wait after every HGMMA, without always printing
 #     its C7515 note, so the count is the check;
-#  2. compiles decode()'s whole dispatch table for sm_90a and fails on any ptxas C7515 note
-#     ("wgmma serialized").
+#  2. compiles decode()'s whole dispatch table for sm_90a and fails on any ptxas C7515 or
+#     C7520 note ("wgmma serialized").
 #   bash tools/check-wgmma.sh            (nvcc on PATH or in /usr/local/cuda/bin; needs pip for the
 #                                        disassembler wheel, downloaded once, not installed)
 # Environment: MLAKIT_TOOLS_DIR (default /tmp/mlakit-tools), MLAKIT_MAX_WAITS (default 8).
@@ -73,6 +73,11 @@ done
 for problem in "bf16_t, fp8_e4m3fn_t, 16, 2, Causal::on" "fp16_t, fp8_e4m3fn_t"; do
   check decode_kernel_kt 1 15 "$problem"
 done
+# 16-bit KV of the Q type, 32 rows: 36 S^T HGMMA in one group, 32 P V HGMMA in 8 (one per
+# 64-dim block, waited for one by one to release the stage's chunks), 11 waits.
+for problem in "bf16_t, bf16_t, 16, 2, Causal::on" "fp16_t, fp16_t"; do
+  check decode_kernel_kt 1 11 "$problem"
+done
 # 64 rows: per pair 36 S^T HGMMA in 18 groups and 2 x 16 P V HGMMA in 8 groups, 24 waits.
 for problem in "bf16_t, fp8_e4m3fn_t, 16, 8, Causal::on" "fp16_t, fp8_e4m3fn_t"; do
   check decode_kernel_kt 2 24 "$problem"
@@ -81,13 +86,13 @@ done
 printf '#include <mlakit/api/instantiate_dispatch.hpp>\n' >"$work/table.cu"
 nvcc -std=c++17 -arch=sm_90a -DMLAKIT_BACKEND_CUDA=1 -I"$root/include" -c "$work/table.cu" \
   -o "$work/table.o" -Xptxas -v >"$work/table.log" 2>&1 || { cat "$work/table.log"; exit 1; }
-notes=$(grep -c 'C7515' "$work/table.log" || true)
+notes=$(grep -cE 'C7515|C7520' "$work/table.log" || true)
 kernels=$(grep -c 'Compiling entry function' "$work/table.log" || true)
 if [ "$notes" -ne 0 ]; then
-  grep 'C7515' "$work/table.log" | head -n 5
-  echo "dispatch table, sm_90a: $notes ptxas C7515 note(s) (wgmma serialised) in $kernels kernels: FAILED"
+  grep -E 'C7515|C7520' "$work/table.log" | head -n 5
+  echo "dispatch table, sm_90a: $notes ptxas C7515 / C7520 note(s) (wgmma serialised) in $kernels kernels: FAILED"
   status=1
 else
-  echo "dispatch table, sm_90a: no ptxas C7515 note in $kernels kernels: ok"
+  echo "dispatch table, sm_90a: no ptxas C7515 or C7520 note in $kernels kernels: ok"
 fi
 exit $status
