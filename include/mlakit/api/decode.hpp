@@ -121,14 +121,17 @@ inline Status workspace_bytes(const DecodeArgs& a, const DeviceInfo& dev, std::s
   // the batch and page-size thresholds of policy_index_for), so that the size depends neither
   // on the dtypes nor on the page size, and a workspace sized for a batch serves every smaller
   // one.
-  std::int64_t size = 0;
+  unsigned candidates = 0;  // bit i: policy i
   for (bool direct : {true, false})
     for (int batch : {1, arch::kWsMinRequests16, arch::kFp8CtasMinRowTiles, a.batch})
-      for (int page : {1, arch::kKtDirectMinPage}) {
-        const std::int64_t b = detail::policy_workspace_bytes(
-            a, arch::policy_index_for(a.rows(), direct, dev.arch, batch, page), dev);
-        size = b > size ? b : size;
-      }
+      for (int page : {1, arch::kKtDirectMinPage})
+        candidates |= 1u << arch::policy_index_for(a.rows(), direct, dev.arch, batch, page);
+  std::int64_t size = 0;
+  for (int i = 0; i < arch::kNumPolicies; ++i) {
+    if (!(candidates >> i & 1u)) continue;
+    const std::int64_t b = detail::policy_workspace_bytes(a, i, dev);
+    size = b > size ? b : size;
+  }
   *bytes = static_cast<std::size_t>(size);
   return Status::ok();
 }

@@ -198,42 +198,27 @@ struct Wgmma {
   // descriptors: D[64 x N] (+)= A[64 x 16] B[16 x N] for N = 16 and 32, B K-major; A K-major
   // (S^T = K Q^T) or, with TransA, MN-major (O^T = V^T P^T, V^T read from the token-major
   // tile).
-  template <bool TransA>
-  __device__ static void mma_ss_n16(float (&d)[8], std::uint64_t desc_a, std::uint64_t desc_b,
-                                    bool accumulate) {
+  template <int N, bool TransA>
+  __device__ static void mma_ss_kt(float (&d)[N / 2], std::uint64_t desc_a, std::uint64_t desc_b,
+                                   bool accumulate) {
+    static_assert(N == 16 || N == 32, "N = 16 or 32");
 #if defined(MLAKIT_WGMMA_ENABLED)
-    if constexpr (kBf16 && TransA)
-      MLAKIT_WGMMA_SS_T("m64n16k16", "bf16", MLAKIT_WGMMA_REGS8, "%8", "%9", "%10", "1", "0",
-                        MLAKIT_WGMMA_OUT8);
-    if constexpr (kBf16 && !TransA)
-      MLAKIT_WGMMA_SS_T("m64n16k16", "bf16", MLAKIT_WGMMA_REGS8, "%8", "%9", "%10", "0", "0",
-                        MLAKIT_WGMMA_OUT8);
-    if constexpr (!kBf16 && TransA)
-      MLAKIT_WGMMA_SS_T("m64n16k16", "f16", MLAKIT_WGMMA_REGS8, "%8", "%9", "%10", "1", "0",
-                        MLAKIT_WGMMA_OUT8);
-    if constexpr (!kBf16 && !TransA)
-      MLAKIT_WGMMA_SS_T("m64n16k16", "f16", MLAKIT_WGMMA_REGS8, "%8", "%9", "%10", "0", "0",
-                        MLAKIT_WGMMA_OUT8);
-#else
-    (void)d, (void)desc_a, (void)desc_b, (void)accumulate;
-#endif
-  }
-  template <bool TransA>
-  __device__ static void mma_ss_n32_t(float (&d)[16], std::uint64_t desc_a, std::uint64_t desc_b,
-                                    bool accumulate) {
-#if defined(MLAKIT_WGMMA_ENABLED)
-    if constexpr (kBf16 && TransA)
-      MLAKIT_WGMMA_SS_T("m64n32k16", "bf16", MLAKIT_WGMMA_REGS16, "%16", "%17", "%18", "1", "0",
-                        MLAKIT_WGMMA_OUT16);
-    if constexpr (kBf16 && !TransA)
-      MLAKIT_WGMMA_SS_T("m64n32k16", "bf16", MLAKIT_WGMMA_REGS16, "%16", "%17", "%18", "0", "0",
-                        MLAKIT_WGMMA_OUT16);
-    if constexpr (!kBf16 && TransA)
-      MLAKIT_WGMMA_SS_T("m64n32k16", "f16", MLAKIT_WGMMA_REGS16, "%16", "%17", "%18", "1", "0",
-                        MLAKIT_WGMMA_OUT16);
-    if constexpr (!kBf16 && !TransA)
-      MLAKIT_WGMMA_SS_T("m64n32k16", "f16", MLAKIT_WGMMA_REGS16, "%16", "%17", "%18", "0", "0",
-                        MLAKIT_WGMMA_OUT16);
+#define MLAKIT_WGMMA_SS_KT(SHAPE, REGS, IA, IB, IP, OUT)                                      \
+  if constexpr (kBf16 && TransA)                                                              \
+    MLAKIT_WGMMA_SS_T(SHAPE, "bf16", REGS, IA, IB, IP, "1", "0", OUT);                        \
+  else if constexpr (kBf16)                                                                   \
+    MLAKIT_WGMMA_SS_T(SHAPE, "bf16", REGS, IA, IB, IP, "0", "0", OUT);                        \
+  else if constexpr (TransA)                                                                  \
+    MLAKIT_WGMMA_SS_T(SHAPE, "f16", REGS, IA, IB, IP, "1", "0", OUT);                         \
+  else                                                                                        \
+    MLAKIT_WGMMA_SS_T(SHAPE, "f16", REGS, IA, IB, IP, "0", "0", OUT);
+    if constexpr (N == 16) {
+      MLAKIT_WGMMA_SS_KT("m64n16k16", MLAKIT_WGMMA_REGS8, "%8", "%9", "%10", MLAKIT_WGMMA_OUT8)
+    } else {
+      MLAKIT_WGMMA_SS_KT("m64n32k16", MLAKIT_WGMMA_REGS16, "%16", "%17", "%18",
+                         MLAKIT_WGMMA_OUT16)
+    }
+#undef MLAKIT_WGMMA_SS_KT
 #else
     (void)d, (void)desc_a, (void)desc_b, (void)accumulate;
 #endif

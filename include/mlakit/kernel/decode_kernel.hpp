@@ -267,6 +267,26 @@ struct DecodeMainloop {
     return page_row(page, j - page_idx * a.page_size);
   }
 
+  // Q rows [row0, row0 + R) in the Q type (rows past `rows` zero-filled) by cp.async into a
+  // wgmma operand tile Swizzle128Tile<R> at q; `Threads` threads take part, the caller commits
+  // and waits. The Hopper mainloops' Q when KV needs no conversion.
+  template <int Threads, int R>
+  __device__ void copy_q_tile(unsigned char* q) const {
+    constexpr int kUnits = kHeadDimQK / 8;
+    const DecodeArgs& a = p.a;
+    for (int c = static_cast<int>(threadIdx.x); c < R * kUnits; c += Threads) {
+      const int r = c / kUnits, u = c % kUnits;
+      const int row = row0 + r;
+      const bool valid = row < rows;
+      const Tq* src = static_cast<const Tq*>(a.q);
+      if (valid) {
+        const int t = row / heads, h = row - t * heads;
+        src += b * a.q_stride_batch + t * a.q_stride_token + h * a.q_stride_head + u * 8;
+      }
+      Copy::copy16(q + Swizzle128Tile<R>::unit_offset(r, u), src, valid);
+    }
+  }
+
   // e4m3 operand mode: Q rows -> f16 times 2^e (e per row puts the row's largest |q| in
   // [2^14, 2^15)); store(row, block, w) receives each 16-dim block as 8 f16 pairs in dim
   // order, and the row's 2^-e goes to sQScale.

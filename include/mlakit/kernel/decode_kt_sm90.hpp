@@ -265,15 +265,6 @@ struct KtMainloop {
     else
       W::mma_rs_n64(d, a, desc_b, accumulate);
   }
-  // 16-bit KV: S^T (A = K, K-major) and O^T (TransA: A = V^T, read MN-major).
-  template <bool TransA>
-  __device__ static void mma_ss(float (&d)[kS], std::uint64_t desc_a, std::uint64_t desc_b,
-                                bool accumulate) {
-    if constexpr (kRows == 16)
-      W::template mma_ss_n16<TransA>(d, desc_a, desc_b, accumulate);
-    else
-      W::template mma_ss_n32_t<TransA>(d, desc_a, desc_b, accumulate);
-  }
   // The consumers' barrier at the end of a piece. With two warpgroups, each runs its own copy
   // of merge<Wg>() and epilogue<Wg>(), so they reach it at different instructions.
   __device__ static void consumers_sync() {
@@ -372,19 +363,7 @@ struct KtMainloop {
   __device__ void load_q() const {
     unsigned char* q = ss.q;
     if constexpr (kKv16) {
-      constexpr int kUnits = kHeadDimQK / 8;
-      const DecodeArgs& a = m.p.a;
-      for (int c = static_cast<int>(threadIdx.x); c < kRows * kUnits; c += kConsumerThreads) {
-        const int r = c / kUnits, u = c % kUnits;
-        const int row = m.row0 + r;
-        const bool valid = row < m.rows;
-        const Tq* src = static_cast<const Tq*>(a.q);
-        if (valid) {
-          const int t = row / m.heads, h = row - t * m.heads;
-          src += m.b * a.q_stride_batch + t * a.q_stride_token + h * a.q_stride_head + u * 8;
-        }
-        Copy::copy16(q + QTile::unit_offset(r, u), src, valid);
-      }
+      m.template copy_q_tile<kConsumerThreads, kRows>(q);
       for (int n = static_cast<int>(threadIdx.x); n < kRows; n += kConsumerThreads)
         sv.q_scale[n] = m.p.scale_log2;
       Copy::commit();
@@ -428,12 +407,9 @@ struct KtMainloop {
         }
         const std::uint64_t da = dk.at((kb >> 2) * (64 * 128) + 32 * (kb & 3));
         const std::uint64_t db = dq.at((kb >> 2) * QTile::kChunkBytes + 32 * (kb & 3));
-        mma_ss<false>(s, da, db, kb != 0);
+        W::template mma_ss_kt<kRows, false>(s, da, db, kb != 0);  // A = K, K-major
       }
       arch::wgmma_commit();
-      arch::wgmma_wait<0>();
-      arch::fence_operand(s);
-      pipe.consumer_release(st, 8);  // the rope chunk: only S^T reads it
       return;
     }
     // Per-lane bases of the even / odd chunk pair: key 16 wi + (lane & 7) + 8 ((lane >> 3) & 1),
@@ -507,7 +483,8 @@ struct KtMainloop {
       for (int mb = 0; mb < 8; ++mb) {
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-          mma_ss<true>(o[mb], dv.at(mb * (64 * 128) + 2048 * j), dp.at(32 * j), true);
+          W::template mma_ss_kt<kRows, true>(o[mb], dv.at(mb * (64 * 128) + 2048 * j),
+                                             dp.at(32 * j), true);
         arch::wgmma_commit();
       }
       release_in_order<7>(pipe, st);
@@ -762,6 +739,7 @@ struct KtMainloop {
         issue_s(s, kv, wi, lane, st);
         arch::wgmma_wait<0>();
         arch::fence_operand(s);
+        if constexpr (kKv16) pipe.consumer_release(st, 8);  // the rope chunk: only S^T reads it
         float alpha[kQ];
         const bool moved =
             softmax(s, kt, kt + 64 > mask_from, w, wi, g, t, (i / kWg) & 1, sm, alpha);

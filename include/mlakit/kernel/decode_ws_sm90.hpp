@@ -451,19 +451,7 @@ struct WsMainloop {
           },
           sv.q_scale);
     } else {
-      constexpr int kUnits = kHeadDimQK / 8;
-      const DecodeArgs& a = m.p.a;
-      for (int c = threadIdx.x; c < 64 * kUnits; c += kConsumerThreads) {
-        const int r = c / kUnits, u = c % kUnits;
-        const int row = m.row0 + r;
-        const bool valid = row < m.rows;
-        const Tq* src = static_cast<const Tq*>(a.q);
-        if (valid) {
-          const int t = row / m.heads, h = row - t * m.heads;
-          src += m.b * a.q_stride_batch + t * a.q_stride_token + h * a.q_stride_head + u * 8;
-        }
-        Copy::copy16(q + Tile::unit_offset(r, u), src, valid);
-      }
+      m.template copy_q_tile<kConsumerThreads, 64>(q);
       Copy::commit();
       Copy::template wait<0>();
     }
