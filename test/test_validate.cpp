@@ -418,8 +418,8 @@ TEST_CASE("policy choice: rows, KV type and device", "[validate]") {
             REQUIRE(i < kNumPolicies);
             CHECK(kPolicies[i].rows >= std::min(rows, kPolicies[kNumPolicies - 1].rows));
             // sm_90, KV of the Q type: the small tile's keys-as-M form from kFp8CtasMinRowTiles
-            // requests up; else 17..32 rows (and 1..16 rows from kWsMinRequests16 requests up)
-            // the warp-specialized 64-row tile.
+            // requests up and pages of kKtDirectMinPage; else 17..32 rows (and 1..16 rows from
+            // kWsMinRequests16 requests up) the warp-specialized 64-row tile.
             const bool keys_as_m =
                 kPolicies[by_rows].direct_mainloop == arch::Mainloop::keys_as_m &&
                 batch >= arch::kFp8CtasMinRowTiles && page >= arch::kKtDirectMinPage;
@@ -438,8 +438,9 @@ TEST_CASE("policy choice: rows, KV type and device", "[validate]") {
   CHECK(policy_index_for(32, true, 90, 128, 64) == 1);  // keys-as-M, 32 rows
   CHECK(policy_index_for(32, true, 90, 128, 1) == 2);   // warp-specialized 64-row tile
   CHECK(policy_index_for(32, true, 90, 31, 64) == 2);
-  CHECK(policy_index_for(16, true, 90, 128, 64) == 2);
-  CHECK(policy_index_for(16, true, 90, 31, 64) == 0);  // mma.sync, 16 rows
+  CHECK(policy_index_for(16, true, 90, 128, 64) == 0);  // keys-as-M, 16 rows
+  CHECK(policy_index_for(16, true, 90, 128, 1) == 2);   // warp-specialized 64-row tile
+  CHECK(policy_index_for(16, true, 90, 31, 64) == 0);   // mma.sync, 16 rows
   CHECK(policy_index_for(32, false, 90, 31, 64) == 1);
   // decode() and workspace_bytes() agree: KV of the Q type on the H100-like device, 32 rows,
   // below and from kFp8CtasMinRowTiles requests (valid_args(): page size 64).
@@ -488,16 +489,20 @@ TEST_CASE(
       a.batch = batch;
       const int idx = detail::policy_index(a, a100);
       REQUIRE(arch::kPolicies[idx].rows == 16);
-      // sm_90: KV of the Q type takes the warp-specialized 64-row tile from kWsMinRequests16
-      // requests up; its plan fits the same workspace.
-      if (kv == a.q_type && batch >= arch::kWsMinRequests16) {
-        const int ws_idx = detail::policy_index(a, kH100);
+      // sm_90, KV of the Q type from kWsMinRequests16 requests up: the 16-row keys-as-M 16-bit
+      // form (one CTA per SM) at pages of kKtDirectMinPage tokens or more, the warp-specialized
+      // 64-row tile at smaller pages; both plans fit the same workspace.
+      const bool direct16 = kv == a.q_type && batch >= arch::kWsMinRequests16;
+      CHECK(detail::policy_index(a, kH100) == idx);
+      if (direct16) {
+        REQUIRE(a.page_size >= arch::kKtDirectMinPage);
+        DecodeArgs small_pages = a;
+        small_pages.page_size = 1;
+        const int ws_idx = detail::policy_index(small_pages, kH100);
         CHECK(arch::kPolicies[ws_idx].rows == 64);
-        const PlanShape sws = detail::plan_shape(a, ws_idx, kH100);
+        const PlanShape sws = detail::plan_shape(small_pages, ws_idx, kH100);
         CHECK(sws.row_tiles == 1);
         CHECK(std::size_t(detail::workspace_layout(sws, 64).bytes) <= workspace_bytes(a, kH100));
-      } else {
-        CHECK(detail::policy_index(a, kH100) == idx);
       }
       const bool e4m3 = kv == DType::fp8_e4m3fn;
       const bool three = e4m3 && batch >= arch::kFp8CtasMinRowTiles;
@@ -509,10 +514,12 @@ TEST_CASE(
       CHECK(detail::plan_ctas_per_sm(a, idx, 2) == 2);
       const PlanShape s80 = detail::plan_shape(a, idx, a100);
       CHECK(s80.num_ctas == (three ? 3 : 2) * a100.sm_count);
-      // sm_90: e4m3fn runs the keys-as-M kernel, two CTAs per SM at every batch.
-      CHECK(detail::table_ctas_per_sm(a, idx, kH100.arch) == 2);
+      // sm_90: e4m3fn runs the keys-as-M kernel, two CTAs per SM at every batch; so do the
+      // other KV types below 32 requests (mma.sync); the 16-bit keys-as-M form keeps one.
+      const int ctas90 = direct16 ? 1 : 2;
+      CHECK(detail::table_ctas_per_sm(a, idx, kH100.arch) == ctas90);
       const PlanShape s90 = detail::plan_shape(a, idx, kH100);
-      CHECK(s90.num_ctas == 2 * kH100.sm_count);
+      CHECK(s90.num_ctas == ctas90 * kH100.sm_count);
       // The workspace holds the plan of either CTA count, whatever the KV type.
       for (const auto& [s, dev] : {std::pair{s80, a100}, std::pair{s90, kH100}})
         CHECK(std::size_t(detail::workspace_layout(s, s.row_tiles * 16).bytes) <=

@@ -429,16 +429,16 @@ struct Decode {
     if (!s) return s;
     if constexpr (Problem::kRows > 0) {
       // Only the policies these rows can get (policy_index_for: it depends on the device, and
-      // on sm_90 on the batch and the page size; the largest batch at page 64 and batch 1 at
-      // page 1 get every other one).
+      // on sm_90 on the batch and the page size, through thresholds only, so batch 1 and the
+      // largest batch at page 1 and at kKtDirectMinPage get every other one).
       constexpr int any_device = arch::policy_index_for_rows(Problem::kRows);
-      constexpr int sm90 = arch::policy_index_for(Problem::kRows, Problem::kDirectKv, 90, kMaxBatch,
-                                                  arch::kKtDirectMinPage);
-      constexpr int sm90_small =
-          arch::policy_index_for(Problem::kRows, Problem::kDirectKv, 90, 1, 1);
+      constexpr auto sm90 = [](int batch, int page) {
+        return arch::policy_index_for(Problem::kRows, Problem::kDirectKv, 90, batch, page);
+      };
       return detail::launch_by_rows<Problem>(
           a, dev, workspace, workspace_size, stream,
-          std::integer_sequence<int, any_device, sm90, sm90_small>{});
+          std::integer_sequence<int, any_device, sm90(kMaxBatch, arch::kKtDirectMinPage),
+                                sm90(kMaxBatch, 1), sm90(1, 1), sm90(1, arch::kKtDirectMinPage)>{});
     } else {
       return detail::launch_by_rows<Problem>(a, dev, workspace, workspace_size, stream,
                                              std::make_integer_sequence<int, arch::kNumPolicies>{});

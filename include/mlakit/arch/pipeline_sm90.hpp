@@ -69,7 +69,11 @@ struct PipelineState {
   std::uint32_t count = 0;  // uses of the ring so far (tiles produced or consumed)
   __device__ int stage() const { return static_cast<int>(count % Stages); }
   __device__ std::uint32_t phase() const { return (count / Stages) & 1u; }
-  __device__ void advance() { ++count; }
+  __device__ void advance(int n = 1) { count += static_cast<std::uint32_t>(n); }
+  // The position k uses after this one (a tile that takes several consecutive stages).
+  __device__ PipelineState at(int k) const {
+    return PipelineState{count + static_cast<std::uint32_t>(k)};
+  }
 };
 
 // A ring of `Stages` shared-memory stages. Each stage is filled in `Parts` parts that become

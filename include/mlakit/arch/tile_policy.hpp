@@ -13,14 +13,15 @@ namespace mlakit::arch {
 // falls back to warp_mma with `threads` threads.
 // keys_as_m: the keys-as-M wgmma mainloop of decode_kt_sm90.hpp (its own kernel; e4m3fn KV:
 // 16 rows 160 threads and two CTAs per SM, 32 and 64 rows 384 threads and one; 16-bit KV of
-// the Q type: 256 threads and one) where the device runs its sm_90a code
+// the Q type: 16 rows 384 threads, 32 rows 256, one CTA per SM) where the device runs its
+// sm_90a code
 // (TilePolicy::fp8_mainloop, TilePolicy::direct_mainloop).
 enum class Mainloop : int { warp_mma = 0, warpgroup_ws = 2, keys_as_m = 3 };
 
 // CTAs per SM of the keys-as-M kernel of `rows`-row tiles and KV of `kv_bytes` bytes per value
 // (e4m3fn, 16 rows: Q 18 KB, P 2 KB, two raw 36 KB stages; 32 rows: Q 36 KB, two P of 4 KB,
-// four raw stages; 64 rows: Q 72 KB, two P of 8 KB, three raw stages; 16-bit KV: two 72 KB
-// stages); its plan aims for them.
+// four raw stages; 64 rows: Q 72 KB, two P of 8 KB, three raw stages; 16-bit KV: a ring of
+// 25 / 22 chunks of 8 KB); its plan aims for them.
 constexpr int keys_as_m_ctas_per_sm(int rows, int kv_bytes = 1) {
   return rows <= 16 && kv_bytes == 1 ? 2 : 1;
 }
@@ -61,7 +62,7 @@ struct TilePolicy {
   int min_piece_tiles = kMinPieceTiles;
   // KV of the Q type (bf16 / fp16) on sm_90a from kFp8CtasMinRowTiles requests x row tiles
   // up and pages of at least kKtDirectMinPage tokens: the mainloop that runs instead of
-  // `mainloop` (keys_as_m: the 32-row tile; see direct_keys_as_m()).
+  // `mainloop` (keys_as_m: the 16- and 32-row tiles; see direct_keys_as_m()).
   Mainloop direct_mainloop = Mainloop::warp_mma;
 };
 
@@ -99,7 +100,7 @@ inline constexpr TilePolicy kPolicies[] = {
 //   elsewhere (sm_80) is mma.sync with 8 warps and the numbers below.
 inline constexpr TilePolicy kPolicies[] = {
     {16, 32, 128, 2, 36864, 2, 2, Mainloop::warp_mma, IdsAhead::small_pages, 3,
-     Mainloop::keys_as_m, 1},
+     Mainloop::keys_as_m, 1, Mainloop::keys_as_m},
     {32, 64, 256, 2, 110592, 1, 4, Mainloop::warp_mma, IdsAhead::always, 0, Mainloop::keys_as_m,
      kMinPieceTiles, Mainloop::keys_as_m},
     {64, 64, 256, 2, 73728, 1, 3, Mainloop::warpgroup_ws, IdsAhead::never, 0, Mainloop::keys_as_m},
@@ -125,9 +126,9 @@ constexpr int policy_index_for_rows(int rows) {
 inline constexpr int kWsMinRequests16 = 32;
 
 // Least page size at which KV of the Q type runs a policy's direct_mainloop: the keys-as-M
-// 16-bit form holds one 72 KB stage in flight while it computes on the other, and with
-// scattered token rows that is too little (H200, bf16, 16 heads x q_len 2, batch 128: 308 us
-// against the 64-row tile's 315 at page 64, 374 against 332 at page 1; docs/performance.md).
+// 16-bit forms stream scattered token rows too slowly (H200, bf16, 16 heads, batch 128: q_len
+// 2 374 us against the 64-row tile's 332 at page 1; q_len 1 with whole-row copies 432 against
+// 330; docs/performance.md).
 inline constexpr int kKtDirectMinPage = 64;
 
 // Whether KV of the Q type runs policy `tp`'s keys-as-M form on sm_90a for `batch` requests
@@ -140,12 +141,12 @@ constexpr bool direct_keys_as_m(const TilePolicy& tp, int batch, int page_size) 
 // The policy decode() runs for `rows` rows per request, `batch` requests and pages of
 // `page_size` tokens on a device of architecture `arch` (DeviceInfo::arch) when KV is
 // (direct_kv) or is not of the Q type. On sm_90, KV that needs no conversion in rows that fit
-// the 32-row tile runs its direct_mainloop (keys-as-M, no padding) where direct_keys_as_m()
-// says so; else it takes the warp-specialized 64-row tile (padding half or more of its rows:
-// it streams such KV faster than the mma.sync tiles; q_len 2, batch 128: 478 -> 372 us at page
-// 64, 556 -> 394 at page 1), and so do 1..16 rows from kWsMinRequests16 requests up (the
-// 16-bit keys-as-M form was slower for them: q_len 1, batch 128, page 64: 349-363 against
-// 314-316 us). fp8 and other converted KV keep the small tiles, which are faster for them
+// the 16- or 32-row tile runs its direct_mainloop (keys-as-M, no padding) where
+// direct_keys_as_m() says so (H200, bf16, 16 heads, batch 128, page 64: q_len 1 314 -> 305 us,
+// q_len 2 314 -> 311); else 17..32 rows take the warp-specialized 64-row tile (padding half
+// or more of its rows: it streams such KV faster than the mma.sync tiles; q_len 2, batch 128:
+// 478 -> 372 us at page 64, 556 -> 394 at page 1), and so do 1..16 rows from kWsMinRequests16
+// requests up. fp8 and other converted KV keep the small tiles, which are faster for them
 // (q_len 2 fp8 413 us on the 32-row tile, the 64-row tile 479 us at q_len 4). The launch uses
 // this function; workspace_bytes() sizes for the largest plan of the candidates whatever the
 // dtypes, batch and page size. A program built without sm_90a code runs the chosen policy's

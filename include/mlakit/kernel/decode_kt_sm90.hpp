@@ -55,18 +55,21 @@
 //   masked tile of zeros (consume_pairs()).
 // All e4m3fn forms: P is stored with stmatrix.trans, and the next batch's ldmatrix is issued
 // before the current batch is converted.
-// 16-bit KV of the Q type (bf16 / fp16; KtConfig<Rows, 2>; the default table runs it for 32
-//   rows, TilePolicy::direct_mainloop; 16 rows compile, passed the GPU suite in earlier builds
-//   and were slower than the padded 64-row tile): no conversion, so no operand is built in
-//   registers: the stage holds the tile as nine 64-dim chunks of [64 tokens x 128 B] with the
-//   128-byte swizzle, and both products read it through descriptors (wgmma SS): S^T with A = K
-//   (K-major) and B = Q (natural dim order, scale_log2 for every row); O^T with A = V^T, the
-//   same chunks read MN-major (transposed A), and B = P^T (P in the Q type). M row g
-//   of O^T is dim g of its block (natural order). A stage is 72 KB: one CTA per SM of one
-//   consumer warpgroup (tiles in order, as for 16 rows above) and a producer warpgroup (18
-//   cp.async of 16 B per lane and token), two stages, each landing in nine parts (chunks) that
-//   S^T waits for one by one (with the async-proxy fence: wgmma reads them) and released chunk
-//   by chunk: the rope chunk after S^T, V chunk mb after the P V of its dims retired.
+// 16-bit KV of the Q type (bf16 / fp16; KtConfig<Rows, 2>; the default table runs it for 16
+//   and 32 rows from 32 requests at pages of 64 tokens or more, TilePolicy::direct_mainloop):
+//   no conversion, so no operand is built in registers: the tile lands as nine 64-dim chunks
+//   of [64 tokens x 128 B] with the 128-byte swizzle, and both products read them through
+//   descriptors (wgmma SS): S^T with A = K (K-major) and B = Q (natural dim order, scale_log2
+//   for every row); O^T with A = V^T, the same chunks read MN-major (transposed A), and B = P^T
+//   (P in the Q type). M row g of O^T is dim g of its block (natural order). A tile is 72 KB,
+//   so one CTA per SM, and the ring holds chunks, not tiles: tile i takes ring positions 9 i ..
+//   9 i + 8 (modulo the slot count: 25 for 16 rows, 22 for 32, all the shared memory beside Q
+//   and P), S^T waits for them one by one (with the async-proxy fence: wgmma reads them), the
+//   rope chunk is released after S^T and V chunk mb after the P V of its dims retired.
+//   16 rows: two consumer warpgroups on alternate tiles (as the e4m3fn 32-row form) and a
+//   producer warpgroup that acquires a tile's nine slots, then copies each token row whole;
+//   32 rows: one consumer warpgroup and a producer copying chunk by chunk, each as soon as its
+//   slot is released (docs/design.md says why each).
 #include <cstdint>
 
 #include "../arch/convert.hpp"
@@ -101,6 +104,7 @@ struct KtConfig<16> {
   static constexpr int kConsumerRegs = 0, kProducerRegs = 0;  // no hand-over
   static constexpr bool kSplitDims = false;
   static constexpr int kParts = 1;  // the stage lands and is released whole
+  static constexpr int kChunksPerTile = 1;  // a stage holds a whole tile
   // Below kFp8CtasMinRowTiles requests x row tiles, in automatic mode: this kernel, planning
   // for itself, rather than the self-planned mma.sync kernel (H200, 16 heads x q_len 1, whole
   // call in a graph: batch 8 x kv 32768 at page 1 79.5 -> 64.2 us, batch 8 x kv 131072 261 ->
@@ -113,6 +117,7 @@ struct KtConfig<32> {
   static constexpr int kConsumerRegs = 232, kProducerRegs = 40;
   static constexpr bool kSplitDims = false;
   static constexpr int kParts = 1;
+  static constexpr int kChunksPerTile = 1;  // a stage holds a whole tile
   // Not below kFp8CtasMinRowTiles (same measurement, 16 heads x q_len 2): batch 8 x kv 32768
   // gained 25%, but batch 1 and 8 at kv 8192 lost 20%; the mma.sync kernel keeps them.
   static constexpr bool kSelfPlanSmall = false;
@@ -128,35 +133,42 @@ struct KtConfig<64> {
   static constexpr int kConsumerRegs = 240, kProducerRegs = 24;
   static constexpr bool kSplitDims = true;
   static constexpr int kParts = 1;
+  static constexpr int kChunksPerTile = 1;  // a stage holds a whole tile
   // Not below kFp8CtasMinRowTiles: slower than the warp-specialized kernel there except at
   // batch 8 x kv >= 32768 (16 heads x q_len 4 and 8, H200).
   static constexpr bool kSelfPlanSmall = false;
 };
 
-// 16-bit KV of the Q type (16 and 32 rows): a 64-token stage is 72 KB, so one CTA per SM with
-// two stages, one consumer warpgroup (O^T of 32 rows is 128 registers per thread, within the
-// 255 of a 256-thread CTA) and a producer warpgroup (18 copies of 16 bytes per lane and token).
+// 16-bit KV of the Q type (16 and 32 rows): a 64-token tile is 72 KB, so one CTA per SM, one
+// consumer warpgroup (O^T of 32 rows is 128 registers per thread, within the 255 of a 256-thread
+// CTA) and a producer warpgroup (18 copies of 16 bytes per lane and token). The ring is one of
+// 64-dim chunks [64 tokens x 128 B], not of tiles: tile i takes chunk slots 9 i .. 9 i + 8
+// (mod kStages), so every slot left beside Q and P holds KV in flight (16 rows 25 slots, 2.8
+// tiles; 32 rows 22, 2.4 tiles; a ring of whole tiles has two). S^T starts on chunk 0 before
+// the last one lands; the rope chunk is refilled once S^T retired and V chunk mb once the P V
+// of its dims retired.
 template <int Rows>
 struct KtConfig<Rows, 2> {
   static_assert(Rows == 16 || Rows == 32, "16 or 32 rows of 16-bit KV");
-  static constexpr int kWarpgroups = 1, kProducerWarps = 4, kStages = 2;
-  static constexpr int kConsumerRegs = 0, kProducerRegs = 0;
+  static constexpr int kWarpgroups = Rows == 16 ? 2 : 1, kProducerWarps = 4;
+  static constexpr int kStages = Rows == 16 ? 25 : 22;  // chunk slots
+  static constexpr int kConsumerRegs = Rows == 16 ? 232 : 0, kProducerRegs = Rows == 16 ? 40 : 0;
+  static constexpr bool kRowCopies = Rows == 16;
   static constexpr bool kSplitDims = false;
-  // The stage lands and is released in its nine 64-dim chunks: S^T starts on chunk 0 before
-  // the last one lands, the rope chunk is refilled once S^T retired and V chunk mb once the
-  // P V of its dims retired.
-  static constexpr int kParts = 9;
+  static constexpr int kParts = 1;
+  static constexpr int kChunksPerTile = 9;  // ring positions a tile takes
   static constexpr bool kSelfPlanSmall = false;
 };
 
 // Dynamic shared memory of the keys-as-M mainloop (e4m3fn KV: 16 rows 94 KB, two CTAs per SM;
-// 32 rows 188 KB; 64 rows 196 KB. 16-bit KV: 16 rows 164 KB, 32 rows 184 KB).
+// 32 rows 188 KB; 64 rows 196 KB. 16-bit KV: 16 rows 222 KB, 32 rows 216 KB).
 template <int Rows, int KvBytes = 1>
 struct KtSharedStorage {
   static constexpr int kStages = KtConfig<Rows, KvBytes>::kStages;
-  // e4m3fn: raw [64 tokens x 576 B], row-major; 16-bit: nine 64-dim chunks of [64 tokens x
+  // e4m3fn: a tile, raw [64 tokens x 576 B], row-major; 16-bit: one 64-dim chunk [64 tokens x
   // 128 B] with the 128-byte swizzle (the wgmma operand layout of Swizzle128Tile<64>)
-  static constexpr int kStageBytes = 64 * kHeadDimQK * KvBytes;
+  static constexpr int kStageBytes =
+      64 * kHeadDimQK * KvBytes / KtConfig<Rows, KvBytes>::kChunksPerTile;
   // Q [Rows x 576] f16; after a piece's last tile, the exchange buffer of the two warpgroups'
   // states (32 rows).
   alignas(1024) unsigned char q[9 * Swizzle128Tile<Rows>::kChunkBytes];
@@ -224,9 +236,11 @@ struct KtMainloop {
   // plans for itself (the plan follows the mainloop's bytes).
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
   static constexpr int kSelfPlanSmemBytes = kSmemBytes + kSelfPlanBytes;
-  static constexpr int kCtaBytes =  // per CTA: both parts, the planner's, the 1 KB reserve
-      kSelfPlanSmemBytes + static_cast<int>(sizeof(StaticStorage)) + kSelfPlanStaticSlack + 1024;
+  static constexpr int kCtaBytes =  // per CTA: both parts, the planner's if any, the 1 KB reserve
+      kSmemBytes + (Cfg::kSelfPlanSmall ? kSelfPlanBytes + kSelfPlanStaticSlack : 0) +
+      static_cast<int>(sizeof(StaticStorage)) + 1024;
   static_assert(kCtasPerSm * kCtaBytes <= 233472, "the CTAs fit the 228 KB of an sm_90 SM");
+  static_assert(kCtaBytes - 1024 <= 232448, "a CTA's shared memory fits the 227 KB of a block");
   static_assert(Cfg::kConsumerRegs == 0 ||
                     kConsumerThreads * Cfg::kConsumerRegs + kProducerThreads * Cfg::kProducerRegs <=
                         kThreads * (65536 / kThreads / 8 * 8),
@@ -324,21 +338,46 @@ struct KtMainloop {
         bytes[k] = valid ? 16u : 0u;
       }
       if (i + 1 < r.n_tiles) fetch_pages(table, kt + 64, last, pl, id);  // in flight
-      if constexpr (Cfg::kParts > 1) {
-        // 16-bit KV: chunk c (copies 2 c and 2 c + 1 of each token) is part c.
-        const std::uint32_t base = smem_u32(ss.kv[st.stage()]);
+      if constexpr (kKv16) {
+        // 16-bit KV: chunk c (copies 2 c and 2 c + 1 of each token) goes to ring position c
+        // after st, as soon as that slot is released.
+        const std::uint32_t ring = smem_u32(ss.kv[0]);
+        if constexpr (Cfg::kRowCopies) {
+          // All nine slots first, then each token row whole (18 copies in address order).
+          std::uint32_t base[9];
 #pragma unroll
-        for (int c = 0; c < Cfg::kParts; ++c) {
-          pipe.producer_acquire(st, c);
+          for (int c = 0; c < 9; ++c) {
+            const State sc = st.at(c);
+            pipe.producer_acquire(sc, 0);
+            base[c] = ring + sc.stage() * SharedStorage::kStageBytes;
+          }
 #pragma unroll
           for (int k = 0; k < kTok; ++k)
 #pragma unroll
-            for (int e = 0; e < 2; ++e)
-              Copy::copy16(base + (e ? dst1 : dst0) + c * (64 * 128) + k * kTokStride * 128,
-                           src[k] + 64 * (2 * c + e), bytes[k]);
-          pipe.producer_commit_cp_async(st, c);
+            for (int c = 0; c < 9; ++c)
+#pragma unroll
+              for (int e = 0; e < 2; ++e)
+                Copy::copy16(base[c] + (e ? dst1 : dst0) + k * kTokStride * 128,
+                             src[k] + 64 * (2 * c + e), bytes[k]);
+#pragma unroll
+          for (int c = 0; c < 9; ++c) pipe.producer_commit_cp_async(st.at(c), 0);
+        } else {
+          // Chunk by chunk, each as soon as its slot is released.
+#pragma unroll
+          for (int c = 0; c < 9; ++c) {
+            const State sc = st.at(c);
+            pipe.producer_acquire(sc, 0);
+            const std::uint32_t base = ring + sc.stage() * SharedStorage::kStageBytes;
+#pragma unroll
+            for (int k = 0; k < kTok; ++k)
+#pragma unroll
+              for (int e = 0; e < 2; ++e)
+                Copy::copy16(base + (e ? dst1 : dst0) + k * kTokStride * 128,
+                             src[k] + 64 * (2 * c + e), bytes[k]);
+            pipe.producer_commit_cp_async(sc, 0);
+          }
         }
-        st.advance();
+        st.advance(Cfg::kChunksPerTile);
         continue;
       }
       pipe.producer_acquire(st, 0);
@@ -392,20 +431,24 @@ struct KtMainloop {
   __device__ void issue_s(float (&s)[kS], std::uint32_t kv, int wi, int lane,
                           const State& st) const {
     if constexpr (kKv16) {
-      // A = K: chunk kb / 4 of the stage, k-step kb % 4 (32 bytes); B = Q: the same of sQ.
-      // Each chunk is waited for right before its four k-steps.
+      // A = K: chunk kb / 4 of the tile (ring position kb / 4 after st, in the ring at shared
+      // address kv), k-step kb % 4 (32 bytes); B = Q: the same of sQ. Each chunk is waited for
+      // right before its four k-steps.
       std::uint32_t q_addr = smem_u32(ss.q);
       asm volatile("" : "+r"(kv), "+r"(q_addr));
       const arch::WgmmaDescBase dk = arch::WgmmaDescBase::make(kv, 16, 1024);
       const arch::WgmmaDescBase dq = arch::WgmmaDescBase::make(q_addr, 16, 1024);
       const Pipeline pipe{sv.bars};
+      std::uint32_t chunk = 0;  // byte offset of the chunk in the ring
 #pragma unroll
       for (int kb = 0; kb < kHeadDimQK / 16; ++kb) {
         if (kb % 4 == 0) {  // chunk kb / 4 landed (fenced: wgmma reads it)
-          pipe.consumer_wait(st, kb / 4);
+          const State sc = st.at(kb / 4);
+          pipe.consumer_wait(sc, 0);
           arch::wgmma_fence();
+          chunk = sc.stage() * SharedStorage::kStageBytes;
         }
-        const std::uint64_t da = dk.at((kb >> 2) * (64 * 128) + 32 * (kb & 3));
+        const std::uint64_t da = dk.at(chunk + 32 * (kb & 3));
         const std::uint64_t db = dq.at((kb >> 2) * QTile::kChunkBytes + 32 * (kb & 3));
         W::template mma_ss_kt<kRows, false>(s, da, db, kb != 0);  // A = K, K-major
       }
@@ -470,9 +513,9 @@ struct KtMainloop {
   __device__ void issue_pv(float (&o)[kMbOwn][kS], std::uint32_t kv, std::uint32_t p_addr,
                            int wi, int lane, const State& st, int mb_base = 0) const {
     if constexpr (kKv16) {
-      // A = V^T of dims block mb: chunk mb of the stage read MN-major (the dims are its
-      // contiguous 128 bytes), 16 keys (2048 bytes) per k-step; B = P^T from sP. The caller
-      // releases the stage once these retire (wgmma reads it).
+      // A = V^T of dims block mb: chunk mb of the tile (ring position mb after st) read
+      // MN-major (the dims are its contiguous 128 bytes), 16 keys (2048 bytes) per k-step; B =
+      // P^T from sP. Each chunk is released once its P V retired (wgmma reads it).
       asm volatile("" : "+r"(kv), "+r"(p_addr));
       const arch::WgmmaDescBase dv = arch::WgmmaDescBase::make(kv, 64 * 128, 1024);
       const arch::WgmmaDescBase dp = arch::WgmmaDescBase::make(p_addr, 16, 1024);
@@ -481,10 +524,10 @@ struct KtMainloop {
       arch::wgmma_fence();
 #pragma unroll
       for (int mb = 0; mb < 8; ++mb) {
+        const std::uint32_t chunk = st.at(mb).stage() * SharedStorage::kStageBytes;
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-          W::template mma_ss_kt<kRows, true>(o[mb], dv.at(mb * (64 * 128) + 2048 * j),
-                                             dp.at(32 * j), true);
+          W::template mma_ss_kt<kRows, true>(o[mb], dv.at(chunk + 2048 * j), dp.at(32 * j), true);
         arch::wgmma_commit();
       }
       release_in_order<7>(pipe, st);
@@ -548,11 +591,11 @@ struct KtMainloop {
   }
 
   // 16-bit KV: waits for the commit groups of P V one by one (N groups still pending) and
-  // releases chunk 7 - N of the stage after each.
+  // releases chunk 7 - N of the tile after each.
   template <int N>
   __device__ static void release_in_order(const Pipeline& pipe, const State& st) {
     arch::wgmma_wait<N>();
-    pipe.consumer_release(st, 7 - N);
+    pipe.consumer_release(st.at(7 - N), 0);
     if constexpr (N > 0) release_in_order<N - 1>(pipe, st);
   }
 
@@ -729,17 +772,18 @@ struct KtMainloop {
       arch::named_sync(arch::NamedBarrier::consumers, kConsumerThreads);  // sQ complete
       const Pipeline pipe{sv.bars};
       const std::uint32_t p_addr = smem_u32(ss.p[w]);
-      for (int i = 0; i < r.n_tiles; ++i, st.advance()) {
+      for (int i = 0; i < r.n_tiles; ++i, st.advance(Cfg::kChunksPerTile)) {
         if (kWg > 1 && i % kWg != w) continue;  // the other warpgroup's tile
         const int kt = r.kv_begin + 64 * i;
         // 16-bit KV: issue_s waits for each chunk (with the async-proxy fence: wgmma reads it)
+        // and the products address the chunks from the ring's start
         if constexpr (!kKv16) pipe.consumer_wait_generic(st, 0);
-        const std::uint32_t kv = smem_u32(ss.kv[st.stage()]);
+        const std::uint32_t kv = smem_u32(ss.kv[kKv16 ? 0 : st.stage()]);
         float s[kS];
         issue_s(s, kv, wi, lane, st);
         arch::wgmma_wait<0>();
         arch::fence_operand(s);
-        if constexpr (kKv16) pipe.consumer_release(st, 8);  // the rope chunk: only S^T reads it
+        if constexpr (kKv16) pipe.consumer_release(st.at(8), 0);  // the rope chunk: S^T only
         float alpha[kQ];
         const bool moved =
             softmax(s, kt, kt + 64 > mask_from, w, wi, g, t, (i / kWg) & 1, sm, alpha);
@@ -1072,7 +1116,7 @@ struct KtMainloop {
         Tq* const dst = valid ? m.o_row(pc, row) : nullptr;
         const int i0 = 4 * (q >> 1) + (q & 1);
 #pragma unroll
-        for (int mb = 0; mb < 8; ++mb) {
+        for (int mb = kMb0; mb < kMb1; ++mb) {
           const float v0 = o[mb][i0] * inv[q], v1 = o[mb][i0 + 2] * inv[q];
           const float x = shfl_xor(odd ? v0 : v1, 4);
           const int col = 64 * mb + 16 * wi + (g & ~1) + (odd ? 8 : 0);
@@ -1080,7 +1124,7 @@ struct KtMainloop {
             *reinterpret_cast<std::uint32_t*>(dst + col) =
                 odd ? arch::pack2<Tq>(x, v1) : arch::pack2<Tq>(v0, x);
         }
-        if (valid && wi == 0 && g == 0) m.store_lse(pc, split, row, lse[q]);
+        if (valid && Wg == 0 && wi == 0 && g == 0) m.store_lse(pc, split, row, lse[q]);
       }
     } else {
 #pragma unroll
