@@ -2,7 +2,8 @@
 # Checks that ptxas keeps the wgmma pipelines of the Hopper mainloops (warp-specialized 64-row,
 # keys-as-M 16-, 32- and 64-row) asynchronous, two ways:
 #  1. compiles their kernels (decode_kernel_ws for three KV paths, decode_kernel_kt for two
-#     each of its 16-, 32- and 64-row policies of e4m3fn KV and its 32-row 16-bit form) to
+#     each of its 16-, 32- and 64-row policies of e4m3fn KV and its 16- and 32-row 16-bit
+#     forms) to
 #     sm_90a machine code and counts, in the disassembly, the HGMMA instructions and the
 #     WARPGROUP.DEPBAR waits. The sources wait 8 (ws), 15 (kt, 16 and 32 rows), 10 (kt, 16-bit) and 24 (kt,
 #     64 rows) times per kernel
@@ -73,8 +74,11 @@ done
 for problem in "bf16_t, fp8_e4m3fn_t, 16, 2, Causal::on" "fp16_t, fp8_e4m3fn_t"; do
   check decode_kernel_kt 1 15 "$problem"
 done
-# 16-bit KV of the Q type, 32 rows: 36 S^T HGMMA in one group, 32 P V HGMMA in 8 (one per
-# 64-dim block, waited for one by one to release the stage's chunks), 10 waits.
+# 16-bit KV of the Q type, 16 and 32 rows: 36 S^T HGMMA in one group, 32 P V HGMMA in 8 (one
+# per 64-dim block, waited for one by one to release the ring's chunks), 10 waits.
+for problem in "bf16_t, bf16_t, 16, 1, Causal::on" "fp16_t, fp16_t"; do
+  check decode_kernel_kt 0 10 "$problem"
+done
 for problem in "bf16_t, bf16_t, 16, 2, Causal::on" "fp16_t, fp16_t"; do
   check decode_kernel_kt 1 10 "$problem"
 done
