@@ -62,30 +62,30 @@ CU
   printf '%s<%s> (policy %s): %3d HGMMA, %3d WARPGROUP.DEPBAR: %s\n' "$kernel" "$problem" \
     "$policy" "$hgmma" "$waits" "$verdict"
 }
-for problem in "bf16_t, bf16_t, 16, 8, Causal::on" "bf16_t, fp8_e4m3fn_t, 16, 8, Causal::on" \
-  "fp16_t, kv_any_t"; do
-  check decode_kernel_ws 2 "$max_waits" "$problem"
-done
-# The keys-as-M kernel (16- and 32-row tiles of e4m3fn KV): 68 HGMMA per tile in 17 commit
-# groups, 15 waits by design (docs/design.md); a serialised pipeline waits after every HGMMA.
-for problem in "bf16_t, fp8_e4m3fn_t, 16, 1, Causal::on" "fp16_t, fp8_e4m3fn_t"; do
-  check decode_kernel_kt 0 15 "$problem"
-done
-for problem in "bf16_t, fp8_e4m3fn_t, 16, 2, Causal::on" "fp16_t, fp8_e4m3fn_t"; do
-  check decode_kernel_kt 1 15 "$problem"
-done
-# 16-bit KV of the Q type, 16 and 32 rows: 36 S^T HGMMA in one group, 32 P V HGMMA in 8 (one
-# per 64-dim block, waited for one by one to release the ring's chunks), 10 waits.
-for problem in "bf16_t, bf16_t, 16, 1, Causal::on" "fp16_t, fp16_t"; do
-  check decode_kernel_kt 0 10 "$problem"
-done
-for problem in "bf16_t, bf16_t, 16, 2, Causal::on" "fp16_t, fp16_t"; do
-  check decode_kernel_kt 1 10 "$problem"
-done
-# 64 rows: per pair 36 S^T HGMMA in 18 groups and 2 x 16 P V HGMMA in 8 groups, 24 waits.
-for problem in "bf16_t, fp8_e4m3fn_t, 16, 8, Causal::on" "fp16_t, fp8_e4m3fn_t"; do
-  check decode_kernel_kt 2 24 "$problem"
-done
+# KERNEL POLICY WAITS PROBLEM, one kernel per line. The waits each source has by design:
+#  - decode_kernel_ws: max_waits (8);
+#  - decode_kernel_kt, 16 and 32 rows of e4m3fn KV: 68 HGMMA per tile in 17 commit groups, 15;
+#  - decode_kernel_kt, 16 and 32 rows of 16-bit KV of the Q type: 36 S^T HGMMA in one group, 32
+#    P V HGMMA in 8 (one per 64-dim block, waited for one by one to release the ring's chunks),
+#    10;
+#  - decode_kernel_kt, 64 rows: per pair 36 S^T HGMMA in 18 groups and 2 x 16 P V HGMMA in 8, 24.
+while read -r kernel policy waits problem; do
+  check "$kernel" "$policy" "$waits" "$problem" </dev/null
+done <<LIST
+decode_kernel_ws 2 $max_waits bf16_t, bf16_t, 16, 8, Causal::on
+decode_kernel_ws 2 $max_waits bf16_t, fp8_e4m3fn_t, 16, 8, Causal::on
+decode_kernel_ws 2 $max_waits fp16_t, kv_any_t
+decode_kernel_kt 0 15 bf16_t, fp8_e4m3fn_t, 16, 1, Causal::on
+decode_kernel_kt 0 15 fp16_t, fp8_e4m3fn_t
+decode_kernel_kt 1 15 bf16_t, fp8_e4m3fn_t, 16, 2, Causal::on
+decode_kernel_kt 1 15 fp16_t, fp8_e4m3fn_t
+decode_kernel_kt 0 10 bf16_t, bf16_t, 16, 1, Causal::on
+decode_kernel_kt 0 10 fp16_t, fp16_t
+decode_kernel_kt 1 10 bf16_t, bf16_t, 16, 2, Causal::on
+decode_kernel_kt 1 10 fp16_t, fp16_t
+decode_kernel_kt 2 24 bf16_t, fp8_e4m3fn_t, 16, 8, Causal::on
+decode_kernel_kt 2 24 fp16_t, fp8_e4m3fn_t
+LIST
 
 printf '#include <mlakit/api/instantiate_dispatch.hpp>\n' >"$work/table.cu"
 nvcc -std=c++17 -arch=sm_90a -DMLAKIT_BACKEND_CUDA=1 -I"$root/include" -c "$work/table.cu" \

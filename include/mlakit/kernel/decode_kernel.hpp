@@ -267,11 +267,11 @@ struct DecodeMainloop {
     return page_row(page, j - page_idx * a.page_size);
   }
 
-  // Q rows [row0, row0 + R) in the Q type (rows past `rows` zero-filled) by cp.async into a
-  // wgmma operand tile Swizzle128Tile<R> at q; `Threads` threads take part, the caller commits
-  // and waits. The Hopper mainloops' Q when KV needs no conversion.
-  template <int Threads, int R>
-  __device__ void copy_q_tile(unsigned char* q) const {
+  // Q rows [row0, row0 + R) in the Q type (rows past `rows` zero-filled) by cp.async: 16-byte
+  // unit u (dims 8 u ..) of row r to q + unit_offset(r, u) bytes; `Threads` threads take part,
+  // the caller commits and waits. Q of every mainloop whose operands are in the Q type.
+  template <int Threads, int R, class UnitOffset>
+  __device__ void copy_q_rows(unsigned char* q, UnitOffset unit_offset) const {
     constexpr int kUnits = kHeadDimQK / 8;
     const DecodeArgs& a = p.a;
     for (int c = static_cast<int>(threadIdx.x); c < R * kUnits; c += Threads) {
@@ -283,8 +283,13 @@ struct DecodeMainloop {
         const int t = row / heads, h = row - t * heads;
         src += b * a.q_stride_batch + t * a.q_stride_token + h * a.q_stride_head + u * 8;
       }
-      Copy::copy16(q + Swizzle128Tile<R>::unit_offset(r, u), src, valid);
+      Copy::copy16(q + unit_offset(r, u), src, valid);
     }
+  }
+  // The same into a wgmma operand tile Swizzle128Tile<R> (the Hopper mainloops).
+  template <int Threads, int R>
+  __device__ void copy_q_tile(unsigned char* q) const {
+    copy_q_rows<Threads, R>(q, [](int r, int u) { return Swizzle128Tile<R>::unit_offset(r, u); });
   }
 
   // e4m3 operand mode: Q rows -> f16 times 2^e (e per row puts the row's largest |q| in
@@ -362,20 +367,12 @@ struct DecodeMainloop {
         *reinterpret_cast<uint4*>(sQ() + Tr::QLayout::chunk_offset(r, 2 * blk + 1)) =
             uint4{w[1], w[3], w[5], w[7]};
       });
-      return;
-    }
-    const DecodeArgs& a = p.a;
-    constexpr int kChunks = kHeadDimQK / 8;
-    for (int c = threadIdx.x; c < Tr::kRows * kChunks; c += Tr::kThreads) {
-      const int r = c / kChunks, ch = c % kChunks;
-      const int row = row0 + r;
-      const bool valid = row < rows;
-      const T* src = static_cast<const T*>(a.q);
-      if (valid) {
-        const int t = row / heads, h = row - t * heads;
-        src += b * a.q_stride_batch + t * a.q_stride_token + h * a.q_stride_head + ch * 8;
-      }
-      Copy::copy16(sQ() + Tr::QLayout::chunk_offset(r, ch), src, valid);
+    } else {
+      static_assert(std::is_same_v<T, Tq>, "Q is copied in its own type");
+      copy_q_rows<Tr::kThreads, Tr::kRows>(
+          reinterpret_cast<unsigned char*>(sQ()), [](int r, int u) {
+            return static_cast<int>(sizeof(T)) * Tr::QLayout::chunk_offset(r, u);
+          });
     }
   }
 

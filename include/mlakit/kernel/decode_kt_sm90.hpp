@@ -103,7 +103,6 @@ struct KtConfig<16> {
   static constexpr int kWarpgroups = 1, kProducerWarps = 1, kStages = 2;
   static constexpr int kConsumerRegs = 0, kProducerRegs = 0;  // no hand-over
   static constexpr bool kSplitDims = false;
-  static constexpr int kParts = 1;  // the stage lands and is released whole
   static constexpr int kChunksPerTile = 1;  // a stage holds a whole tile
   // Below kFp8CtasMinRowTiles requests x row tiles, in automatic mode: this kernel, planning
   // for itself, rather than the self-planned mma.sync kernel (H200, 16 heads x q_len 1, whole
@@ -116,7 +115,6 @@ struct KtConfig<32> {
   static constexpr int kWarpgroups = 2, kProducerWarps = 4, kStages = 4;
   static constexpr int kConsumerRegs = 232, kProducerRegs = 40;
   static constexpr bool kSplitDims = false;
-  static constexpr int kParts = 1;
   static constexpr int kChunksPerTile = 1;  // a stage holds a whole tile
   // Not below kFp8CtasMinRowTiles (same measurement, 16 heads x q_len 2): batch 8 x kv 32768
   // gained 25%, but batch 1 and 8 at kv 8192 lost 20%; the mma.sync kernel keeps them.
@@ -132,7 +130,6 @@ struct KtConfig<64> {
   static constexpr int kWarpgroups = 2, kProducerWarps = 4, kStages = 3;
   static constexpr int kConsumerRegs = 240, kProducerRegs = 24;
   static constexpr bool kSplitDims = true;
-  static constexpr int kParts = 1;
   static constexpr int kChunksPerTile = 1;  // a stage holds a whole tile
   // Not below kFp8CtasMinRowTiles: slower than the warp-specialized kernel there except at
   // batch 8 x kv >= 32768 (16 heads x q_len 4 and 8, H200).
@@ -155,7 +152,6 @@ struct KtConfig<Rows, 2> {
   static constexpr int kConsumerRegs = Rows == 16 ? 232 : 0, kProducerRegs = Rows == 16 ? 40 : 0;
   static constexpr bool kRowCopies = Rows == 16;
   static constexpr bool kSplitDims = false;
-  static constexpr int kParts = 1;
   static constexpr int kChunksPerTile = 9;  // ring positions a tile takes
   static constexpr bool kSelfPlanSmall = false;
 };
@@ -183,7 +179,8 @@ struct KtSharedStorage {
 template <int Rows, int KvBytes = 1>
 struct alignas(1024) KtStaticStorage {
   using C = KtConfig<Rows, KvBytes>;
-  using Pipeline = arch::RingPipeline<C::kStages, C::kParts, C::kParts, 32 * C::kProducerWarps>;
+  // Every stage (a tile, or a chunk of one) lands and is released whole.
+  using Pipeline = arch::RingPipeline<C::kStages, 1, 1, 32 * C::kProducerWarps>;
   float tile_max[2][C::kWarpgroups][4][Rows];  // [tile parity][warpgroup][warp][row] (64 rows:
                                                // unused, pair_max instead)
   float row_sum[C::kWarpgroups][4][Rows];      // epilogue: l of each warp's keys
@@ -342,39 +339,36 @@ struct KtMainloop {
         // 16-bit KV: chunk c (copies 2 c and 2 c + 1 of each token) goes to ring position c
         // after st, as soon as that slot is released.
         const std::uint32_t ring = smem_u32(ss.kv[0]);
+        const auto acquire = [&](int c) {  // the slot of chunk c, once released; its address
+          const State sc = st.at(c);
+          pipe.producer_acquire(sc, 0);
+          return ring + sc.stage() * SharedStorage::kStageBytes;
+        };
+        const auto copy_chunk = [&](std::uint32_t slot, int c, int k) {  // chunk c of token k
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            Copy::copy16(slot + (e ? dst1 : dst0) + k * kTokStride * 128,
+                         src[k] + 64 * (2 * c + e), bytes[k]);
+        };
         if constexpr (Cfg::kRowCopies) {
           // All nine slots first, then each token row whole (18 copies in address order).
-          std::uint32_t base[9];
+          std::uint32_t slot[9];
 #pragma unroll
-          for (int c = 0; c < 9; ++c) {
-            const State sc = st.at(c);
-            pipe.producer_acquire(sc, 0);
-            base[c] = ring + sc.stage() * SharedStorage::kStageBytes;
-          }
+          for (int c = 0; c < 9; ++c) slot[c] = acquire(c);
 #pragma unroll
           for (int k = 0; k < kTok; ++k)
 #pragma unroll
-            for (int c = 0; c < 9; ++c)
-#pragma unroll
-              for (int e = 0; e < 2; ++e)
-                Copy::copy16(base[c] + (e ? dst1 : dst0) + k * kTokStride * 128,
-                             src[k] + 64 * (2 * c + e), bytes[k]);
+            for (int c = 0; c < 9; ++c) copy_chunk(slot[c], c, k);
 #pragma unroll
           for (int c = 0; c < 9; ++c) pipe.producer_commit_cp_async(st.at(c), 0);
         } else {
           // Chunk by chunk, each as soon as its slot is released.
 #pragma unroll
           for (int c = 0; c < 9; ++c) {
-            const State sc = st.at(c);
-            pipe.producer_acquire(sc, 0);
-            const std::uint32_t base = ring + sc.stage() * SharedStorage::kStageBytes;
+            const std::uint32_t slot = acquire(c);
 #pragma unroll
-            for (int k = 0; k < kTok; ++k)
-#pragma unroll
-              for (int e = 0; e < 2; ++e)
-                Copy::copy16(base + (e ? dst1 : dst0) + k * kTokStride * 128,
-                             src[k] + 64 * (2 * c + e), bytes[k]);
-            pipe.producer_commit_cp_async(sc, 0);
+            for (int k = 0; k < kTok; ++k) copy_chunk(slot, c, k);
+            pipe.producer_commit_cp_async(st.at(c), 0);
           }
         }
         st.advance(Cfg::kChunksPerTile);
@@ -1177,9 +1171,8 @@ __global__ void __launch_bounds__(KtMainloop<Tr>::kThreads, KtMainloop<Tr>::kCta
   if (threadIdx.x == 0) {
     // Each use of a stage is released by the four warps of the warpgroup that consumed it
     // (64 rows: by all eight consumer warps, which all read its V).
-    int releasers[ML::SharedStorage::kStages][ML::Cfg::kParts];
-    for (int s = 0; s < ML::SharedStorage::kStages; ++s)
-      for (int g = 0; g < ML::Cfg::kParts; ++g) releasers[s][g] = ML::kSplitDims ? 8 : 4;
+    int releasers[ML::SharedStorage::kStages][1];
+    for (int s = 0; s < ML::SharedStorage::kStages; ++s) releasers[s][0] = ML::kSplitDims ? 8 : 4;
     ML::Pipeline::init(sv.bars, releasers);
     arch::mbar_init_fence();
   }
