@@ -7,7 +7,7 @@ are comments; a build may appear several times). Output: one row per shape, one 
 build, every measurement of that build in order (default column: us_graph, the per-call time
 of K calls in one CUDA graph; --column us for the event-timed call).
 
-    python3 tools/bench-ab.py docs/data/bench-h200-2026-12-01-afternoon-ab.txt
+    python3 tools/bench-ab.py docs/data/bench-h200-2026-12-01-6c488c1-ab.txt
     python3 tools/bench-ab.py --column us --builds base,v6 FILE
 """
 import argparse
