@@ -42,9 +42,9 @@ struct TilePolicy {
   int fp8_stages;   // raw KV stages when the matrix atom reads e4m3fn KV raw (NVIDIA)
   Mainloop mainloop;
   // e4m3fn raw path: each thread loads its token's page id one tile ahead of the copies (one
-  // token per thread). Measured per policy (H200, q_len 1 or 2 at 16 heads, batch 128): the
-  // 32-row tile gains ~10% at page size 1 and is unchanged at page 64 (always); the 16-row
-  // tile gains 4.5% at page size 1 and loses 4% at page 64 (small_pages).
+  // token per thread). That takes the dependent page-table loads of small pages off the path
+  // between a tile's barrier and its copies, but changes the code of the whole loop, so each
+  // policy takes the variant measured fastest for it (docs/performance.md, "Constants").
   IdsAhead fp8_ids_ahead = IdsAhead::never;
   // e4m3fn raw path (NVIDIA): CTAs resident per SM when that path's smaller shared memory
   // allows more than ctas_per_sm (0: ctas_per_sm). Launch bounds of that kernel
@@ -56,9 +56,9 @@ struct TilePolicy {
   Mainloop fp8_mainloop = Mainloop::warp_mma;
   // Automatic split plan: least KV tiles (64 tokens) of a piece of a request of at most
   // kShortRequestTiles tiles (core/plan.hpp, PlanShape::min_piece_tiles). 1 for the NVIDIA
-  // 16-row tile, which loads 18 KB of Q per piece (H200, batch 1 x 1024 tokens in 16 pieces
-  // instead of 8: bf16 KV 18.2 -> 14.4 us, e4m3fn 13.4 -> 11.9; at 8192 tokens 128 one-tile
-  // pieces were 0.7 us slower than 64 of two, hence the short-request bound).
+  // 16-row tile, whose pieces cost little beyond their KV (18 KB of Q each), so short
+  // requests gain from more of them; longer requests keep two tiles per piece, where the
+  // extra pieces measured slower (docs/performance.md, "Constants").
   int min_piece_tiles = kMinPieceTiles;
   // KV of the Q type (bf16 / fp16) on sm_90a from kFp8CtasMinRowTiles requests x row tiles
   // up and pages of at least kKtDirectMinPage tokens: the mainloop that runs instead of
@@ -66,10 +66,10 @@ struct TilePolicy {
   Mainloop direct_mainloop = Mainloop::warp_mma;
 };
 
-// Requests x row tiles from which the automatic plan aims for fp8_ctas_per_sm CTAs per SM: with
-// fewer, more CTAs only cut each request into more pieces (H200, 16 heads x q_len 1, fp8, page
-// 64: batch 1 kv 8192 18.4 -> 19.2 us, kv 131072 56.8 -> 61.6 us with 3 per SM instead of 2;
-// batch 32 and 128 gained 6 to 10%).
+// Requests x row tiles from which the automatic plan aims for fp8_ctas_per_sm CTAs per SM and
+// e4m3fn KV runs the keys-as-M mainloop: with fewer, more CTAs only cut each request into more
+// pieces, and the keys-as-M forms lose on the short requests the host cannot tell from long
+// ones (docs/performance.md, "Constants").
 inline constexpr int kFp8CtasMinRowTiles = 32;
 
 #if defined(MLAKIT_PLATFORM_HIP)
@@ -81,23 +81,23 @@ inline constexpr TilePolicy kPolicies[] = {
 #else
 
 // NVIDIA sm_80/sm_90, up to 227 KB of shared memory per block.
-// rows 16 (bandwidth-bound shapes): 4 warps, 32-token tiles, ~92 KB, two CTAs per SM so one
-//   CTA's barriers and conversion overlap the other's loads and matrix work. e4m3fn KV: two
-//   raw 18 KB stages (~56 KB), three CTAs per SM: the kernel is bound by the latency of its
-//   own instructions with two warps per scheduler (H200, q_len 1, batch 128: page 64 265 ->
-//   249 us, page 1 312 -> 282 us; two stages at two CTAs per SM measured the same as four;
-//   64-token tiles were 5% faster with page size 64 and 30% slower with page size 1).
-//   e4m3fn KV on sm_90a: the keys-as-M mainloop from kFp8CtasMinRowTiles up, and below in
-//   automatic mode, planning for itself (decode_kt_sm90.hpp, KtConfig::kSelfPlanSmall).
+// rows 16 (bandwidth-bound shapes): 4 warps, 32-token tiles (64-token tiles cost scattered
+//   small pages more than they save on large ones), ~92 KB, two CTAs per SM so one CTA's
+//   barriers and conversion overlap the other's loads and matrix work. e4m3fn KV: two raw
+//   18 KB stages (~56 KB), three CTAs per SM: the kernel is bound by the latency of its own
+//   instructions with two warps per scheduler, so a third CTA is worth more than two more
+//   stages. e4m3fn KV on sm_90a: the keys-as-M mainloop from kFp8CtasMinRowTiles up, and below
+//   in automatic mode, planning for itself (decode_kt_sm90.hpp, KtConfig::kSelfPlanSmall).
 // rows 32: 8 warps, 64-token tiles, fp8 KV with three raw stages (108 KB), ~221 KB; e4m3fn
 //   KV: four raw 36 KB stages; e4m3fn KV on sm_90a from kFp8CtasMinRowTiles up: the keys-as-M
-//   mainloop (two consumer warpgroups, 384 threads, one CTA per SM; H200, 16 heads x q_len 2,
-//   batch 128: 388 -> 300 us at page 64, 395 -> 318 at page 1).
+//   mainloop (two consumer warpgroups, 384 threads, one CTA per SM), which widens the raw tile
+//   in registers and pads no rows.
 // rows 64: sm_90a runs the warp-specialized mainloop (decode_ws_sm90.hpp: 384 threads, Q 72 KB
 //   + two 72 KB KV stages + P, 226 KB); e4m3fn KV from kFp8CtasMinRowTiles up: the keys-as-M
-//   mainloop (dims split over two consumer warpgroups, three raw stages; H200, 16 heads,
-//   batch 128: q_len 4 403 -> 390 us, q_len 8 equal at page 64, -3% at page 1); the fallback
-//   elsewhere (sm_80) is mma.sync with 8 warps and the numbers below.
+//   mainloop (dims split over two consumer warpgroups, three raw stages), whose raw stages are
+//   refilled without waiting for a conversion; the fallback elsewhere (sm_80) is mma.sync with
+//   8 warps and the numbers below.
+// The measurement behind each choice: docs/performance.md, "Design decisions" and "Constants".
 inline constexpr TilePolicy kPolicies[] = {
     {16, 32, 128, 2, 36864, 2, 2, Mainloop::warp_mma, IdsAhead::small_pages, 3,
      Mainloop::keys_as_m, 1, Mainloop::keys_as_m},
@@ -120,15 +120,13 @@ constexpr int policy_index_for_rows(int rows) {
 // Requests (of one row tile each) from which 1..16 rows with KV of the Q type run the
 // warp-specialized 64-row tile on sm_90 (policy_index_for). Below, the 16-row mma.sync tile
 // plans for itself (one launch fewer) and wins on short requests, which the host cannot tell
-// from long ones. H200, bf16, 16 heads x q_len 1, 16-row tile against 64-row tile: batch 1, kv
-// 8192, page 64: 18.5 / 24.8 us; batch 8, page 1, kv 1024 / 8192 / 131072: 20.6 / 22.5, 43.2 /
-// 55.2, 402 / 334 us; batch 32, page 1: 34.4 / 38.0, 120 / 107, 1530 / 1195 us.
+// from long ones; from here the 64-row tile's faster streaming wins (docs/performance.md,
+// "Constants").
 inline constexpr int kWsMinRequests16 = 32;
 
 // Least page size at which KV of the Q type runs a policy's direct_mainloop: the keys-as-M
-// 16-bit forms stream scattered token rows too slowly (H200, bf16, 16 heads, batch 128: q_len
-// 2 374 us against the 64-row tile's 332 at page 1; q_len 1 with whole-row copies 432 against
-// 330; docs/performance.md).
+// 16-bit forms stream scattered token rows more slowly than the padded 64-row tile
+// (docs/performance.md, "Constants").
 inline constexpr int kKtDirectMinPage = 64;
 
 // Whether KV of the Q type runs policy `tp`'s keys-as-M form on sm_90a for `batch` requests
@@ -142,15 +140,13 @@ constexpr bool direct_keys_as_m(const TilePolicy& tp, int batch, int page_size) 
 // `page_size` tokens on a device of architecture `arch` (DeviceInfo::arch) when KV is
 // (direct_kv) or is not of the Q type. On sm_90, KV that needs no conversion in rows that fit
 // the 16- or 32-row tile runs its direct_mainloop (keys-as-M, no padding) where
-// direct_keys_as_m() says so (H200, bf16, 16 heads, batch 128, page 64: q_len 1 314 -> 305 us,
-// q_len 2 314 -> 311); else 17..32 rows take the warp-specialized 64-row tile (padding half
-// or more of its rows: it streams such KV faster than the mma.sync tiles; q_len 2, batch 128:
-// 478 -> 372 us at page 64, 556 -> 394 at page 1), and so do 1..16 rows from kWsMinRequests16
-// requests up. fp8 and other converted KV keep the small tiles, which are faster for them
-// (q_len 2 fp8 413 us on the 32-row tile, the 64-row tile 479 us at q_len 4). The launch uses
-// this function; workspace_bytes() sizes for the largest plan of the candidates whatever the
-// dtypes, batch and page size. A program built without sm_90a code runs the chosen policy's
-// mma.sync kernel there: correct, but slower.
+// direct_keys_as_m() says so; else 17..32 rows take the warp-specialized 64-row tile (padding
+// half or more of its rows: it streams such KV faster than the mma.sync tiles), and so do
+// 1..16 rows from kWsMinRequests16 requests up. fp8 and other converted KV keep the small
+// tiles, which are faster for them (docs/performance.md, "Which kernel runs a shape"). The
+// launch uses this function; workspace_bytes() sizes for the largest plan of the candidates
+// whatever the dtypes, batch and page size. A program built without sm_90a code runs the
+// chosen policy's mma.sync kernel there: correct, but slower.
 constexpr int policy_index_for(int rows, bool direct_kv, int arch, int batch, int page_size) {
   const int i = policy_index_for_rows(rows);
   const bool promoted =

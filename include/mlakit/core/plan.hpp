@@ -87,15 +87,12 @@ MLAKIT_HOST_DEVICE inline int plan_num_ctas(SplitMode mode, int fixed_splits, in
   if (mode == SplitMode::none) return batch;
   if (mode == SplitMode::fixed) return batch * fixed_splits;
   // One wave of resident CTAs: a second wave of a one-CTA-per-SM kernel only adds pieces
-  // (partials, combine, Q reloads; measured on the H200: 16 heads x q_len 4, batch 128, ran
-  // 390 us with two waves of split requests, 338 us with one CTA per request).
+  // (partials, combine, Q reloads) and no SM to run them (docs/performance.md, "Constants").
   const int per_sm = ctas_per_sm < 1 ? 1 : ctas_per_sm;
   const int target = (per_sm * sm_count + row_tiles - 1) / row_tiles;
   const int cap = batch * kMaxAutoSplits;
   // At least one CTA per request: when requests (times row tiles) already fill the waves,
-  // fewer CTAs than requests only adds boundary splits and coarser waves (measured on the
-  // H200: 128 heads x q_len 8 x batch 32 ran 5.3 ms with 17 CTAs per row tile, 3.8 ms with
-  // one per request).
+  // fewer CTAs than requests only adds boundary splits and coarser waves (docs/performance.md).
   int g = target > batch ? target : batch;
   g = g < 1 ? 1 : g;
   return g < cap ? g : cap;
@@ -125,11 +122,10 @@ MLAKIT_HOST_DEVICE inline int clamp_kv_len(int len, std::int64_t capacity) {
 // The CTA (line slot) that the block with grid index i of g along KV runs: even indices take
 // slots 0, 1, ... and odd ones the upper half, so that a plan that uses only its first slots
 // (a short request at small batch) runs on every other block. The H200 hands the blocks of a
-// one-CTA-per-SM grid to the two SMs of a TPC in turn (blocks 2k and 2k + 1 share one); spread
-// this way, 16 heads x q_len 4, fp8, batch 1, kv 8192 (64 pieces, 132 blocks) took 23.2 instead
-// of 26.1 us, what a grid of only its 64 working blocks took. Only the warp-specialized kernel uses
-// it: the two-CTA-per-SM kernels got slower with it (q_len 1, batch 1: +11 to +17%), the
-// keys-as-M 64-row kernel no faster.
+// one-CTA-per-SM grid to the two SMs of a TPC in turn (blocks 2k and 2k + 1 share one), so such
+// a plan then runs on one SM of as many TPCs, as fast as a grid of only its working blocks. Only
+// the warp-specialized kernel uses it: the two-CTA-per-SM kernels got slower with it and the
+// keys-as-M 64-row kernel no faster (docs/performance.md, "Constants").
 MLAKIT_HOST_DEVICE inline int cta_slot(int i, int g) {
   return (i & 1) ? (g + 1) / 2 + (i >> 1) : (i >> 1);
 }

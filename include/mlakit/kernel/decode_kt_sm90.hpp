@@ -1,39 +1,32 @@
 #pragma once
-// Hopper keys-as-M mainloop of the 16-, 32- and 64-row policies for e4m3fn KV and of the 16-
-// and 32-row policies for KV of the Q type (sm_90a device code only; on other targets, and for
-// other KV types, the host launches the policy's other mainloop). Described below for 16 rows
-// of e4m3fn KV; 32 rows (N = 32, KtConfig<32>), 64 rows (N = 64, KtConfig<64>) and 16-bit KV
-// (KtConfig<Rows, 2>) differ as said at the end of this comment.
+// Hopper keys-as-M mainloop (sm_90a device code only; on other targets, and for other KV
+// types, the host launches the policy's other mainloop): the 16-, 32- and 64-row policies for
+// e4m3fn KV (KtConfig<Rows>) and the 16- and 32-row policies for KV of the Q type
+// (KtConfig<Rows, 2>). docs/design.md, "Hopper mainloops", has each form's schedule.
 //
-// wgmma's M is 64, and a tile of up to 16 rows (16 heads x q_len 1) padded to 64 would waste
-// three quarters of the matrix work. Here the keys are M and the rows are N = 16:
-//   S^T [64 keys x 16 rows] = K [64 x 576] . Q^T [576 x 16]     (wgmma m64n16k16, 36 k-steps)
-//   O^T [512 dims x 16 rows] += V^T [512 x 64] . P^T [64 x 16]   (8 x m64n16k16 per k-step)
-// The KV tile is the A operand of both products, read from the raw e4m3fn tile by ldmatrix
-// and widened to f16 in registers (cvt.rn.f16x2.e4m3x2), so no converted copy of KV exists in
-// shared memory and the ring holds raw bytes only; Q (f16, a power-of-two scale per row) and
-// P are the B operands in shared memory. Accumulators: S^T 8 and O^T 64 fp32 registers per
-// thread.
-//
-// 160 threads: warps 0-3 (one warpgroup) consume, warp 4 produces; two CTAs per SM (168
-// registers per thread: a scheduler holding three of the ten warps has 16384 registers).
-//   producer: copies each 64-token tile raw into a ring of two stages [64 x 576 B] (4 lanes
-//     per token, 64 contiguous bytes per copy instruction, page ids loaded a tile ahead);
-//     the copy unit arrives on the stage's mbarrier.
-//   consumers, per tile:
-//     S^T: K fragments (ldmatrix + cvt) -> wgmma RS, in batches of 4 k-steps (one batch in
-//       flight while the next one's registers are built).
-//     softmax over the keys (M): each warp reduces its 16 keys per row by shuffles, the four
-//       warps exchange their maxima through shared memory (NamedBarrier::tile_max), so every
-//       thread holds the same running max of each row; the sums stay per thread until the end.
-//     P -> sP [16 rows x 64 keys] (NamedBarrier::tile_p), O^T *= alpha.
-//     O^T += V^T P^T: V fragments (transposing ldmatrix of byte pairs, byte permute, cvt) ->
-//       wgmma RS in batches of 4 (16 keys x 256 dims); the stage is released after the last
-//       ldmatrix (no wgmma reads KV from shared memory, so the consumers also wait for a stage
-//       without the async-proxy fence: consumer_wait_generic).
-//   Each tile's matrix work retires before the next tile's starts: the two CTAs of an SM
-//   overlap each other. (Queuing the next tile's S behind P V was slower: with two stages the
-//   next tile has not landed yet. So was an L2 prefetch of the next tile by the producer.)
+// wgmma's M is 64, and a tile of up to 16 rows padded to 64 would waste three quarters of the
+// matrix work. Here the keys are M and the rows are N (16, 32 or 64):
+//   S^T [64 keys x N rows]  = K [64 x 576] . Q^T [576 x N]      (36 k-steps of m64nNk16)
+//   O^T [512 dims x N rows] += V^T [512 x 64] . P^T [64 x N]     (8 dim blocks x 4 k-steps)
+// e4m3fn KV: the KV tile is the A operand of both products, read from the raw tile by ldmatrix
+// and widened to f16 in registers (cvt.rn.f16x2.e4m3x2), so the ring holds raw bytes only and
+// no wgmma reads a stage: a stage is released after its last ldmatrix, and the consumers wait
+// for it without the async-proxy fence (consumer_wait_generic). Q (f16, a power-of-two scale
+// per row) and P are the B operands in shared memory (128-byte swizzle, K-major).
+//   16 rows: one consumer warpgroup and one producer warp (160 threads), two raw stages, two
+//     CTAs per SM (168 registers: a scheduler holding three of the ten warps has 16384). Each
+//     tile's matrix work retires before the next tile's starts; the two CTAs of an SM overlap.
+//   32 rows: O^T takes 128 registers per thread, so one CTA per SM of 384 threads: consumer
+//     warpgroups 0 and 1 take alternate tiles (each with its own P buffer, row-maxima slots and
+//     named barriers; their states are merged through the Q region at the end of a piece,
+//     merge()), and a producer warpgroup of four copying warps fills four raw stages.
+//   64 rows: the two consumer warpgroups split the dims (O^T of 256 dims, 128 registers each)
+//     and take pairs of tiles: warpgroup w computes S^T of tile 2 j + w, the pair's row maxima
+//     meet in shared memory (atomicMax, NamedBarrier::tile_max), each stores its P, and after
+//     NamedBarrier::tile_p each multiplies both tiles' P by its half of V. Three raw stages; an
+//     odd tile count is padded with a masked tile of zeros (consume_pairs()).
+//   P is stored with stmatrix.trans, and the next batch's ldmatrix is issued before the current
+//   batch is converted.
 // Fragment orders (the A operand of m64nNk16, warp wi holds M rows 16 wi + g, + 8):
 //   K: one 32-bit ldmatrix register of key g holds dims 4t..4t+3 of a 16-dim block, so the
 //     k index 2t + i is dim 4t + i and 2t + 8 + i is dim 4t + 2 + i; Q is stored with the same
@@ -41,35 +34,17 @@
 //   V^T: the transposing ldmatrix gives lane (g, t) byte pairs (token 2t | 2t + 1) x (dim 2g,
 //     2g + 1), so M row g of a 16-dim block is dim 2g and M row g + 8 is dim 2g + 1; the
 //     epilogue writes each row's two adjacent dims together.
-// 32 rows: wgmma m64n32k16, O^T 128 accumulator registers per thread, so one CTA per SM of 384
-//   threads: consumer warpgroups 0 and 1 take alternate tiles (tile i: warpgroup i % 2, each
-//   with its own P buffer, row-maxima slots and named barriers) and a producer warpgroup of
-//   four copying warps (2 tokens x 9 copies per thread and tile) fills four raw stages;
-//   setmaxnreg gives the consumers 232 registers. At the end of a piece the two states are
-//   merged through the Q region (merge()), and each warpgroup stores half of the dims.
-// 64 rows: wgmma m64n64k16; the two consumer warpgroups split the dims (O^T of 256 dims, 128
-//   registers each) and take pairs of tiles: warpgroup w computes S^T of tile 2 j + w, the
-//   pair's row maxima meet in shared memory (atomicMax, NamedBarrier::tile_max), each stores
-//   its P, and after NamedBarrier::tile_p each multiplies both tiles' P by its half of V.
-//   Three raw stages (Q is 72 KB), setmaxnreg 240 / 24, an odd tile count padded with a
-//   masked tile of zeros (consume_pairs()).
-// All e4m3fn forms: P is stored with stmatrix.trans, and the next batch's ldmatrix is issued
-// before the current batch is converted.
-// 16-bit KV of the Q type (bf16 / fp16; KtConfig<Rows, 2>; the default table runs it for 16
-//   and 32 rows from 32 requests at pages of 64 tokens or more, TilePolicy::direct_mainloop):
-//   no conversion, so no operand is built in registers: the tile lands as nine 64-dim chunks
-//   of [64 tokens x 128 B] with the 128-byte swizzle, and both products read them through
-//   descriptors (wgmma SS): S^T with A = K (K-major) and B = Q (natural dim order, scale_log2
-//   for every row); O^T with A = V^T, the same chunks read MN-major (transposed A), and B = P^T
-//   (P in the Q type). M row g of O^T is dim g of its block (natural order). A tile is 72 KB,
-//   so one CTA per SM, and the ring holds chunks, not tiles: tile i takes ring positions 9 i ..
-//   9 i + 8 (modulo the slot count: 25 for 16 rows, 22 for 32, all the shared memory beside Q
-//   and P), S^T waits for them one by one (with the async-proxy fence: wgmma reads them), the
-//   rope chunk is released after S^T and V chunk mb after the P V of its dims retired.
-//   16 rows: two consumer warpgroups on alternate tiles (as the e4m3fn 32-row form) and a
-//   producer warpgroup that acquires a tile's nine slots, then copies each token row whole;
-//   32 rows: one consumer warpgroup and a producer copying chunk by chunk, each as soon as its
-//   slot is released (docs/design.md says why each).
+// 16-bit KV of the Q type: nothing is converted, so both products read the tile in shared
+//   memory (wgmma SS): it lands as nine 64-dim chunks [64 tokens x 128 B] (128-byte swizzle),
+//   read K-major for S^T (B = Q, natural dim order) and MN-major for O^T (transposed A; B = P^T
+//   in the Q type; M row g of O^T is dim g). A tile is 72 KB, so one CTA per SM, and the ring
+//   holds chunks, not tiles: tile i takes ring positions 9 i .. 9 i + 8 (modulo the slot count:
+//   25 for 16 rows, 22 for 32, all the shared memory beside Q and P). S^T waits for the chunks
+//   one by one (with the async-proxy fence: wgmma reads them); the rope chunk is released after
+//   S^T and V chunk mb after the P V of its dims retired. 16 rows: two consumer warpgroups on
+//   alternate tiles and a producer that acquires a tile's nine slots, then copies each token
+//   row whole; 32 rows: one consumer warpgroup and a producer copying chunk by chunk as slots
+//   are released (docs/design.md says why each).
 #include <cstdint>
 
 #include "../arch/convert.hpp"
@@ -105,9 +80,8 @@ struct KtConfig<16> {
   static constexpr bool kSplitDims = false;
   static constexpr int kChunksPerTile = 1;  // a stage holds a whole tile
   // Below kFp8CtasMinRowTiles requests x row tiles, in automatic mode: this kernel, planning
-  // for itself, rather than the self-planned mma.sync kernel (H200, 16 heads x q_len 1, whole
-  // call in a graph: batch 8 x kv 32768 at page 1 79.5 -> 64.2 us, batch 8 x kv 131072 261 ->
-  // 190, batch 1 x kv 131072 47.1 -> 43.1; about 0.5 us slower at batch 1 x kv 8192).
+  // for itself, rather than the self-planned mma.sync kernel: it gains on long requests more
+  // than it loses on short ones (docs/performance.md, "Constants").
   static constexpr bool kSelfPlanSmall = true;
 };
 template <>
@@ -116,8 +90,8 @@ struct KtConfig<32> {
   static constexpr int kConsumerRegs = 232, kProducerRegs = 40;
   static constexpr bool kSplitDims = false;
   static constexpr int kChunksPerTile = 1;  // a stage holds a whole tile
-  // Not below kFp8CtasMinRowTiles (same measurement, 16 heads x q_len 2): batch 8 x kv 32768
-  // gained 25%, but batch 1 and 8 at kv 8192 lost 20%; the mma.sync kernel keeps them.
+  // Not below kFp8CtasMinRowTiles: there it loses on short requests more than it gains on long
+  // ones, which the host cannot tell apart; the mma.sync kernel keeps them (docs/performance.md).
   static constexpr bool kSelfPlanSmall = false;
 };
 // 64 rows: O^T of all 512 dims would take 256 registers per thread, so the two consumer
@@ -131,8 +105,8 @@ struct KtConfig<64> {
   static constexpr int kConsumerRegs = 240, kProducerRegs = 24;
   static constexpr bool kSplitDims = true;
   static constexpr int kChunksPerTile = 1;  // a stage holds a whole tile
-  // Not below kFp8CtasMinRowTiles: slower than the warp-specialized kernel there except at
-  // batch 8 x kv >= 32768 (16 heads x q_len 4 and 8, H200).
+  // Not below kFp8CtasMinRowTiles: slower than the warp-specialized kernel there except on
+  // long requests (docs/performance.md).
   static constexpr bool kSelfPlanSmall = false;
 };
 
@@ -419,7 +393,8 @@ struct KtMainloop {
   // in batches of kSPairsPerBatch, one batch in flight while the next one's registers are
   // built (each batch may reuse the registers of the batch two before it).
   // ldmatrix.x4 (two k-steps each) per batch; 64 rows: one (O^T and S^T take 160 registers;
-  // two spill, and three batches in flight measured no faster).
+  // two spill). Two batches in flight hide the ldmatrix -> cvt latency; a third does not pay
+  // (docs/performance.md).
   static constexpr int kSPairsPerBatch = kRows == 64 ? 1 : 2;
   static constexpr int kSDepth = 2;  // batches in flight
   __device__ void issue_s(float (&s)[kS], std::uint32_t kv, int wi, int lane,
@@ -612,8 +587,8 @@ struct KtMainloop {
   // a lane's rows to the lane whose bit 4, 3, then 2 differs and keeps the maximum of the other
   // half: kQ / 2 + kQ / 4 + kQ / 8 shuffles in all, after which lane (g, t) holds whole rows:
   // v[i] is row owned_row(i, g, t) for i < kQ / 8. Exact (a maximum in another order).
-  // (16 rows, kQ = 4, measured about 1% slower this way: 4 shuffles instead of 12, but the
-  // selects and a third step outweigh them; warp_row_max stays there.)
+  // (16 rows, kQ = 4, keep warp_row_max: there 4 shuffles instead of 12 do not outweigh the
+  // selects and a third step; docs/performance.md.)
   template <int H>
   __device__ static void halve_max(float (&v)[kQ], int lane, int bit) {
     const bool hi = (lane >> bit) & 1;
@@ -668,8 +643,8 @@ struct KtMainloop {
     if constexpr (kRows == 32) {
       // Each lane forms the running max of the row it owns (kept in sm.m_own), its exponent
       // base and alpha, and hands base and alpha to the lanes of its warp that hold the row
-      // (row_of(q, t) is owned by lane 4 q + t) through sv.row_exp32 (an 8-row loop of this per
-      // thread was a large part of the softmax's instructions). 32 rows rescale every tile.
+      // (row_of(q, t) is owned by lane 4 q + t) through sv.row_exp32: formed once per row, not
+      // by every thread for each of its rows. 32 rows rescale every tile.
       const int n = owned_row(0, g, t);
       const float m_new = lazy_running_max(sm.m_own, warps_row_max(par, w, n));
       const float base = exp_base(m_new);
@@ -869,8 +844,8 @@ struct KtMainloop {
     // pair's max. Each lane forms it for the two rows it owned in the reduction (n = 8 g + 2 t,
     // n + 1) with their exponent base and alpha = 2^(m_old - base) (exactly 1 where the max
     // stayed), and hands them to the lanes of its warp that hold those rows through
-    // sv.row_exp[warp][lane] (a 16-row loop of this per thread was most of the softmax's
-    // instructions). Warp 0 of warpgroup 0 writes the max to sv.m_run[par] and starts the next
+    // sv.row_exp[warp][lane] (formed once per row, not by every thread for each of its 16
+    // rows). Warp 0 of warpgroup 0 writes the max to sv.m_run[par] and starts the next
     // pair's sv.pair_max[par ^ 1] at it (both were last read before the previous pair's
     // NamedBarrier::tile_p). O^T is rescaled when a row of the warp moved its max.
     bool lane_moved;
@@ -1146,8 +1121,8 @@ struct KtMainloop {
 // The kernel of the keys-as-M mainloop: same grid, plan and workspace as decode_kernel<Tr>
 // (planned for KtMainloop<Tr>::kCtasPerSm CTAs per SM). SelfPlan: the kernel that plans for
 // itself (KtConfig::kSelfPlanSmall), a kernel of its own so that the planner's code and
-// shared memory stay out of the one large batches run (in one kernel behind a run-time flag
-// they cost 2.4% at 16 heads x q_len 1, batch 128, H200).
+// shared memory stay out of the one large batches run (behind a run-time flag in one kernel
+// they slowed the large batches; docs/performance.md).
 template <class Tr, bool SelfPlan = false>
 __global__ void __launch_bounds__(KtMainloop<Tr>::kThreads, KtMainloop<Tr>::kCtasPerSm)
     decode_kernel_kt(const KernelArgs p) {

@@ -96,10 +96,10 @@ struct WsMainloop {
   static constexpr int kThreads = 384;
   static constexpr int kConsumerThreads = 256;
   static constexpr int kProducerThreads = 128;
-  // The e4m3fn producer (hardware conversion) gets more registers: measured, fp8 q_len 8 page 1
-  // 965 -> 895 us with 224 / 56 instead of 232 / 40 (H200), and so do the dynamic-dtype
-  // kernels (ptxas -v: they spill about 100 bytes with 224 / 56, more with 232 / 40).
-  // The bf16 / fp16 kernels need 232 for their consumers (no spills there).
+  // A producer that converts KV (e4m3fn in hardware, other types in software) gets more
+  // registers: its conversion loop is on the path between a stage half's release and its next
+  // use, and the dynamic-dtype kernels spill less (ptxas -v). The bf16 / fp16 kernels need 232
+  // for their consumers (no spills there). docs/performance.md, "Constants", has the timings.
   static constexpr int kConsumerRegs = Tr::kDirect ? 232 : 224;
   static constexpr int kProducerRegs = Tr::kDirect ? 40 : 56;
   // setmaxnreg.inc waits until the CTA's pool has the registers: the pool is what the launch
@@ -143,7 +143,7 @@ struct WsMainloop {
   // producer waits for the stage of tile i, and tile i's row addresses come from ids that
   // arrived during the previous tile. (Resolving each token's page right before its copy puts
   // two dependent global loads per token, in sequence, between a stage release and the copies
-  // into that stage: measured, that chain and not the copies set the pace of a 2-stage ring.)
+  // into that stage, and with two stages that chain, not the copies, sets the pace.)
 
   // fp8 KV is copied raw by 4 threads per token (2 tokens per thread), 16-bit KV by 8 threads
   // per token (4 tokens per thread).
