@@ -106,8 +106,9 @@ void check_mfma_atom() {
   std::vector<float> nan_fill(16 * kNV, std::nanf(""));
   REQUIRE(gpu_h2d(ds.ptr, nan_fill.data(), ds.bytes));
   REQUIRE(gpu_h2d(dout.ptr, nan_fill.data(), dout.bytes));
-  mfma_atom_kernel<T><<<1, 64>>>(da.as<T>(), db.as<T>(), dv.as<T>(), ds.as<float>(),
-                                 dout.as<float>(), dmax.as<float>(), dsum.as<float>());
+  hipLaunchKernelGGL(mfma_atom_kernel<T>, dim3(1), dim3(64), 0, nullptr, da.as<T>(), db.as<T>(),
+                     dv.as<T>(), ds.as<float>(), dout.as<float>(), dmax.as<float>(),
+                     dsum.as<float>());
   REQUIRE(MLAKIT_T_CHECK(hipGetLastError()));
   REQUIRE(gpu_sync());
   std::vector<float> s(16 * 16), o(16 * kNV), mx(256), sm(256);
@@ -167,7 +168,8 @@ void check_fp8_convert(DType kv) {
   for (int c = 0; c < 256; ++c) codes[c] = std::uint8_t(c);
   DeviceBuffer din(256), dout(512);
   REQUIRE(gpu_h2d(din.ptr, codes.data(), 256));
-  fp8_convert_kernel<T><<<1, 16>>>(kv, din.as<uint4>(), dout.as<uint4>());
+  hipLaunchKernelGGL(fp8_convert_kernel<T>, dim3(1), dim3(16), 0, nullptr, kv, din.as<uint4>(),
+                     dout.as<uint4>());
   REQUIRE(MLAKIT_T_CHECK(hipGetLastError()));
   REQUIRE(gpu_sync());
   std::vector<std::uint16_t> got(256);
@@ -224,7 +226,7 @@ TEST_CASE("amd atoms: LDS swizzle round trip", "[gpu][amd]") {
   DeviceBuffer d(4);
   const std::uint32_t zero = 0;
   REQUIRE(gpu_h2d(d.ptr, &zero, 4));
-  lds_swizzle_kernel<<<1, 256>>>(d.as<std::uint32_t>());
+  hipLaunchKernelGGL(lds_swizzle_kernel, dim3(1), dim3(256), 0, nullptr, d.as<std::uint32_t>());
   REQUIRE(MLAKIT_T_CHECK(hipGetLastError()));
   REQUIRE(gpu_sync());
   std::uint32_t bad = 1;

@@ -2,7 +2,8 @@
 # Makes sure the Debian packages a task needs are installed, installing the missing ones when
 # it can: as root with apt-get, `apt-get update` once and then one `apt-get install`.
 # Otherwise it prints the exact command to run and exits with status 2.
-#   bash tools/install-deps.sh test      # tools/test.sh: cmake, Ninja, g++, Catch2 v2
+#   bash tools/install-deps.sh test      # tools/test.sh: cmake, Ninja, g++, Catch2 v2, clang-19,
+#                                        # Boost.Context
 #   bash tools/install-deps.sh example   # tools/example.sh: cmake, Ninja, g++
 #   bash tools/install-deps.sh ci        # .ci/run: the above, Google Benchmark, hipcc, rocPRIM
 # Several sets may be named at once. Nothing is done when everything is present, so the
@@ -14,7 +15,8 @@ set -euo pipefail
 packages=()
 for set_name in "$@"; do
   case "$set_name" in
-    test) packages+=(cmake ninja-build g++ catch2) ;;
+    # clang-19 and Boost.Context: the emulated AMD tests (test/emulated/).
+    test) packages+=(cmake ninja-build g++ catch2 clang-19 libboost-context-dev) ;;
     example) packages+=(cmake ninja-build g++) ;;
     # hipcc brings clang-15, lld, rocm-device-libs, rocminfo and libamdhip64-dev.
     ci) packages+=(cmake ninja-build g++ catch2 libbenchmark-dev hipcc librocprim-dev python3

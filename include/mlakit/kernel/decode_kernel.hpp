@@ -806,7 +806,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kCtasPerSm) decode_kernel(co
   if constexpr (kSkip) {
     (void)p;
   } else {
-    extern __shared__ __align__(1024) unsigned char smem[];
+    unsigned char* const smem = dynamic_smem();
     const int row_tile = static_cast<int>(blockIdx.x);
     const int cta = static_cast<int>(blockIdx.y);
     // Small automatic-mode batches: the plan is computed here, into shared memory past the

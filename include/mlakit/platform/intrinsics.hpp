@@ -42,6 +42,16 @@ __device__ __forceinline__ float fast_exp2(float x) {
 
 __device__ __forceinline__ void block_sync() { __syncthreads(); }
 
+// The block's dynamic shared memory (LDS on AMD), aligned to 1024 bytes.
+__device__ __forceinline__ unsigned char* dynamic_smem() {
+#if defined(MLAKIT_PLATFORM_EMULATED)
+  return emu::dynamic_lds();
+#else
+  extern __shared__ __align__(1024) unsigned char smem[];
+  return smem;
+#endif
+}
+
 #if defined(MLAKIT_PLATFORM_CUDA)
 // The 32-bit shared-memory address of a generic pointer into shared memory (PTX operands of
 // cp.async, ldmatrix and wgmma descriptors).

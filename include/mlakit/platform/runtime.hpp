@@ -95,8 +95,11 @@ template <class... Params>
 inline Status launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block,
                             std::size_t smem_bytes, Stream stream,
                             typename NoDeduce<Params>::type... args) {
+#if defined(MLAKIT_PLATFORM_EMULATED)
+  // The emulator runs the kernel with typed arguments (it has no argument-array entry point).
+  const RtError e = emu::launch(name, kernel, grid, block, smem_bytes, stream, args...);
+#elif defined(MLAKIT_PLATFORM_CUDA)
   void* argv[sizeof...(Params) + 1] = {static_cast<void*>(&args)..., nullptr};
-#if defined(MLAKIT_PLATFORM_CUDA)
 #if CUDART_VERSION >= 11080
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
@@ -111,6 +114,7 @@ inline Status launch_kernel(const char* name, void (*kernel)(Params...), dim3 gr
                                      smem_bytes, stream);
 #endif
 #else
+  void* argv[sizeof...(Params) + 1] = {static_cast<void*>(&args)..., nullptr};
   const RtError e =
       hipLaunchKernel(reinterpret_cast<const void*>(kernel), grid, block, argv, smem_bytes, stream);
 #endif

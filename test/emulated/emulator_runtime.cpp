@@ -1,0 +1,2 @@
+// The emulated AMD device's implementation (one per program, not instrumented).
+#include <mlakit/platform/emulated/emulator_impl.hpp>
