@@ -44,7 +44,8 @@ status=0
 check() {
   local kernel=$1 policy=$2 max=$3 problem=$4
   cat >"$work/k.cu" <<CU
-#include <mlakit/kernel/decode_kernel.hpp>
+#include <mlakit/kernel/decode_kt_sm90.hpp>
+#include <mlakit/kernel/decode_ws_sm90.hpp>
 namespace mlakit::detail {
 template __global__ void ${kernel}<DecodeTraits<Problem<${problem}>, ${policy}>>(const KernelArgs);
 }

@@ -13,6 +13,8 @@
 #include "../core/validate.hpp"
 #include "../kernel/combine_kernel.hpp"
 #include "../kernel/decode_kernel.hpp"
+#include "../kernel/decode_kt_sm90.hpp"
+#include "../kernel/decode_ws_sm90.hpp"
 #include "../kernel/planner_kernel.hpp"
 #include "../kernel/problem.hpp"
 #include "../kernel/workspace.hpp"

@@ -829,6 +829,3 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kCtasPerSm) decode_kernel(co
 }  // namespace mlakit::detail
 
 #endif  // !MLAKIT_PLATFORM_NONE
-
-#include "decode_kt_sm90.hpp"
-#include "decode_ws_sm90.hpp"

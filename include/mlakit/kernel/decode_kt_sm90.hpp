@@ -51,19 +51,19 @@
 #include "../arch/copy_atom.hpp"
 #include "../arch/mma_atom.hpp"
 #include "../arch/pipeline_sm90.hpp"
+#include "../arch/tile_policy.hpp"
 #include "../arch/wgmma_sm90.hpp"
 #include "../core/attention_math.hpp"
 #include "../core/plan.hpp"
 #include "../platform/intrinsics.hpp"
+#include "decode_kernel.hpp"
+#include "planner_kernel.hpp"
 #include "smem_tile.hpp"
 #include "workspace.hpp"
 
 #if defined(MLAKIT_PLATFORM_CUDA)
 
 namespace mlakit::detail {
-
-template <class Tr>
-struct DecodeMainloop;
 
 // The shape of the kernel per tile size. 16 rows: one consumer warpgroup and one producer warp
 // (160 threads), two raw stages, two CTAs per SM (168 registers: a scheduler that holds three

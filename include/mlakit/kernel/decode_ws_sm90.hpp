@@ -49,20 +49,19 @@
 
 #include "../arch/convert.hpp"
 #include "../arch/copy_atom.hpp"
+#include "../arch/mma_atom.hpp"
 #include "../arch/pipeline_sm90.hpp"
 #include "../arch/wgmma_sm90.hpp"
 #include "../core/attention_math.hpp"
 #include "../core/plan.hpp"
 #include "../platform/intrinsics.hpp"
+#include "decode_kernel.hpp"
 #include "smem_tile.hpp"
 #include "workspace.hpp"
 
 #if defined(MLAKIT_PLATFORM_CUDA)
 
 namespace mlakit::detail {
-
-template <class Tr>
-struct DecodeMainloop;
 
 // Shared memory of the warp-specialized mainloop: the tiles in dynamic shared memory (224 KB,
 // 1024-byte aligned for the 128-byte swizzle) and the small state in static shared memory
