@@ -419,6 +419,25 @@ TEST_CASE("decode errors: out-of-domain arguments return a Status", "[gpu]") {
   CHECK(s.message().find("q_len = 33") != std::string::npos);
   s = decode(P.dev, ws.ptr, 16, nullptr);
   CHECK(s.code() == StatusCode::workspace_too_small);
+  // A null workspace with a size names the workspace, in decode() and in the launch that the
+  // dispatch table reaches without decode()'s checks.
+  s = decode(P.dev, nullptr, ws.bytes, nullptr);
+  CHECK(s.code() == StatusCode::invalid_argument);
+  CHECK(s.message().rfind("workspace = null:", 0) == 0);
+  DeviceInfo dev;
+  REQUIRE(query_device(&dev).is_ok());
+  s = detail::dispatch(P.dev, dev, nullptr, ws.bytes, nullptr);
+  CHECK(s.code() == StatusCode::invalid_argument);
+  CHECK(s.message().rfind("workspace = null:", 0) == 0);
+  // A DeviceInfo outside its domain is rejected where it enters a launch (launch_with()).
+  for (int sms : {0, -1, 1 << 30}) {
+    DeviceInfo bad = dev;
+    bad.sm_count = sms;
+    s = detail::dispatch(P.dev, bad, ws.ptr, ws.bytes, nullptr);
+    INFO(s.message());
+    CHECK(s.code() == StatusCode::invalid_argument);
+    CHECK(s.message().rfind("DeviceInfo.sm_count = " + std::to_string(sms) + ":", 0) == 0);
+  }
 }
 
 TEST_CASE("CSR page ids with a null kv_indices: no request has a page", "[gpu]") {

@@ -322,11 +322,14 @@ TEST_CASE("messages print floats with %g and strides in plain words", "[api]") {
   a = valid_args();
   a.lse = reinterpret_cast<float*>(g_bytes + 768);
   a.lse_stride_token = 15;  // 16 heads of one float each need 16
+  // The upper bound keeps LSE within 2^62 bytes (2^60 floats): 16 heads, then 3 more tokens.
   CHECK(validate(a).message() ==
-        "lse_stride_token = 15: not in the supported domain (at least 16 elements)");
+        "lse_stride_token = 15: not in the supported domain (at least 16 elements, at most " +
+            std::to_string(((std::int64_t(1) << 60) - 16) / 3) + ")");
   a = valid_args();
   a.q_stride_head = 580;
-  CHECK(
-      validate(a).message() ==
-      "q_stride_head = 580: not in the supported domain (at least 576 elements, a multiple of 8)");
+  CHECK(validate(a).message() ==
+        "q_stride_head = 580: not in the supported domain (at least 576 elements, a multiple of 8, "
+        "at most " +
+            std::to_string(((std::int64_t(1) << 61) - 576) / 15) + ")");
 }

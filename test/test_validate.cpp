@@ -81,7 +81,7 @@ std::vector<BadCase> bad_cases() {
       {"q_type fp8", [](A a) { a.q_type = DType::fp8_e4m3fn; }, "q_type", "fp8_e4m3fn",
        "bf16 or fp16"},
       {"q_type fp8 fnuz", [](A a) { a.q_type = DType::fp8_e4m3fnuz; }, "q_type", "fp8_e4m3fnuz"},
-      {"q_type invalid", [](A a) { a.q_type = DType(7); }, "q_type", "invalid"},
+      {"q_type invalid", [](A a) { a.q_type = DType(7); }, "q_type", "7", "bf16 or fp16"},
       {"kv_type invalid", [](A a) { a.kv_type = DType(7); }, "kv_type", "7", "fp8_e4m3fnuz"},
       {"kv_type 4", [](A a) { a.kv_type = DType(4); }, "kv_type", "4"},
       {"batch -1", [](A a) { a.batch = -1; }, "batch", "-1"},
@@ -173,7 +173,7 @@ std::vector<BadCase> bad_cases() {
       {"max_pages_per_request 0", [](A a) { a.max_pages_per_request = 0; }, "max_pages_per_request",
        "0"},
       {"block_table_stride < max_pages_per_request", [](A a) { a.block_table_stride = 39; },
-       "block_table_stride", "39", ">= max_pages_per_request (40), or 0 for packed rows"},
+       "block_table_stride", "39", ">= max_pages_per_request (40) and <= "},
       {"block_table_stride negative", [](A a) { a.block_table_stride = -40; }, "block_table_stride",
        "-40"},
       {"page_ids 2", [](A a) { a.page_ids = PageIds(2); }, "page_ids", "2", "block_table or csr"},
@@ -353,7 +353,8 @@ TEST_CASE("validate: all 8 dtype pairs are accepted", "[validate]") {
   CHECK(accepted == 16);
 }
 
-TEST_CASE("validate: batch 0 needs no pointers, but its shape is still checked", "[validate]") {
+TEST_CASE("validate: batch 0 needs no pointers, but everything else is still checked",
+          "[validate]") {
   DecodeArgs a = valid_args();
   a.batch = 0;
   a.q = a.kv = nullptr;
@@ -361,8 +362,7 @@ TEST_CASE("validate: batch 0 needs no pointers, but its shape is still checked",
   a.lse = nullptr;
   a.kv_len = nullptr;
   a.block_table = nullptr;
-  a.max_pages_per_request = 0;
-  a.q_stride_head = 1;  // strides of an empty batch are never used
+  a.q_stride_batch = 1;  // the batch dimension has extent 0: its strides are never used
   CHECK(validate(a).is_ok());
   // No backend: a valid empty request is still "not supported" by this build.
   CHECK(supported(a).code() == StatusCode::not_supported);
@@ -378,6 +378,13 @@ TEST_CASE("validate: batch 0 needs no pointers, but its shape is still checked",
   b.split_mode = SplitMode::fixed;
   b.num_splits = 65;
   check_rejected(validate(b), {"batch 0, 65 splits", nullptr, "num_splits", "65"});
+  // The rules of batch > 0 other than the pointer requirement (test_domain.cpp has them all).
+  b = a;
+  b.max_pages_per_request = 0;
+  check_rejected(validate(b), {"batch 0, no pages", nullptr, "max_pages_per_request", "0"});
+  b = a;
+  b.q_stride_head = 1;
+  check_rejected(validate(b), {"batch 0, q_stride_head 1", nullptr, "q_stride_head", "1"});
 }
 
 TEST_CASE("no backend: decode() and supported() return not_supported for valid args",

@@ -22,7 +22,38 @@
 
 namespace mlakit {
 
+// Most SMs (CUs) a DeviceInfo may describe: the automatic plan aims for up to a few CTAs per
+// SM along the grid's second dimension, which holds at most 65535 (today's largest GPUs have
+// 304).
+inline constexpr int kMaxSmCount = 4096;
+
+// Checks a DeviceInfo where it enters the library (workspace_bytes(), Decode<P>::launch_with()):
+// device >= 0, sm_count 1..kMaxSmCount, max_smem_optin >= 0, arch >= 0 (0 or an unknown
+// architecture gets the generic tile policies). query_device() fills one that passes.
+inline Status validate_device(const DeviceInfo& dev) {
+  using detail::check_range;
+  constexpr long long kIntMax = 2147483647;
+  Status s;
+  if (!(s = check_range("DeviceInfo.device", dev.device, 0, kIntMax)) ||
+      !(s = check_range("DeviceInfo.sm_count", dev.sm_count, 1, kMaxSmCount)) ||
+      !(s = check_range("DeviceInfo.max_smem_optin", dev.max_smem_optin, 0, kIntMax)) ||
+      !(s = check_range("DeviceInfo.arch", dev.arch, 0, kIntMax)))
+    return s;
+  return Status::ok();
+}
+
 namespace detail {
+
+// The workspace pointer and size decode() receives: a null workspace only with size 0 (a size
+// then names memory that is not there). A workspace too small for the launch is reported by
+// the launch itself (workspace_too_small), which knows the size it needs.
+inline Status check_workspace_pointer(const void* workspace, std::size_t workspace_size) {
+  if (workspace == nullptr && workspace_size > 0)
+    return bad_arg("workspace", "null",
+                   "a device pointer is required when workspace_size = " +
+                       std::to_string(workspace_size) + " > 0");
+  return Status::ok();
+}
 
 // Row tiling and plan shape of a request mix for tile policy `policy` (arch::kPolicies), for a
 // kernel with `ctas_per_sm` CTAs resident per SM.
@@ -111,13 +142,16 @@ inline std::int64_t policy_workspace_bytes(const DecodeArgs& a, int policy, cons
 
 // Writes to *bytes the device workspace decode() needs for `a` on `dev`. Depends on batch,
 // heads, q_len, the split mode and the device only, never on kv_len values or pointers:
-// allocate it once. Checks exactly those arguments (validate_shape()): outside the domain it
-// returns the Status of the first one out of range and sets *bytes to 0. Batch 0 needs 0.
+// allocate it once. Checks exactly those arguments (validate_shape(), then validate_device())
+// and reads no other field, so a size serves every dtype, page size and layout: outside the
+// domain it returns the Status of the first one out of range and sets *bytes to 0. Batch 0
+// needs 0.
 inline Status workspace_bytes(const DecodeArgs& a, const DeviceInfo& dev, std::size_t* bytes) {
   if (bytes == nullptr)
     return detail::bad_arg("bytes", "null", "a pointer to the size_t that receives the size");
   *bytes = 0;
   Status s = validate_shape(a);
+  if (s) s = validate_device(dev);
   if (!s || a.batch == 0) return s;
   // The largest of the policies these rows can get (KV of the Q type or not, below or from
   // the batch and page-size thresholds of policy_index_for), so that the size depends neither
@@ -145,14 +179,21 @@ inline std::size_t workspace_bytes(const DecodeArgs& a, const DeviceInfo& dev) {
   return workspace_bytes(a, dev, &bytes) ? bytes : 0;
 }
 
-// Ok when decode(a) would run: the arguments are in the domain and a GPU backend exists.
-inline Status supported(const DecodeArgs& a) {
-  Status s = validate(a);
-  if (!s) return s;
+namespace detail {
+// not_supported in a build without a GPU backend.
+inline Status backend_status() {
   if (!kHaveGpuBackend)
     return Status(StatusCode::not_supported,
                   "no GPU backend: mlakit was compiled without CUDA or HIP (see README)");
   return Status::ok();
+}
+}  // namespace detail
+
+// Ok when decode(a) would run: the arguments are in the domain and a GPU backend exists.
+inline Status supported(const DecodeArgs& a) {
+  Status s = validate(a);
+  if (!s) return s;
+  return detail::backend_status();
 }
 
 #if !defined(MLAKIT_PLATFORM_NONE)
@@ -285,6 +326,7 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
                                  : Tr::kCtasPerSm));
   const int rows_padded = shape.row_tiles * Tr::kRows;
   const WorkspaceLayout wl = workspace_layout(shape, rows_padded);
+  if (!(s = check_workspace_pointer(workspace, workspace_size))) return s;
   if (workspace == nullptr || workspace_size < static_cast<std::size_t>(wl.bytes))
     return Status(StatusCode::workspace_too_small,
                   "workspace_bytes = " + std::to_string(workspace_size) + ": need " +
@@ -415,6 +457,7 @@ struct Decode {
   static Status launch(const DecodeArgs& a, void* workspace, std::size_t workspace_size,
                        Stream stream) {
     Status s = check(a);
+    if (s) s = detail::check_workspace_pointer(workspace, workspace_size);
     if (!s || a.batch == 0) return s;
     DeviceInfo dev;
     if (!(s = cached_device_info(&dev))) return s;
@@ -422,12 +465,13 @@ struct Decode {
   }
 
   // Launch without the argument checks of check() (the dispatch table has already run them).
-  // `dev` must describe the current device, `stream` must belong to it and `workspace` must
-  // not be another device's memory: otherwise an invalid_argument Status, before anything
-  // is launched or any kernel attribute is set.
+  // `dev` must pass validate_device() and describe the current device, `stream` must belong to it
+  // and `workspace` must not be another device's memory: otherwise an invalid_argument Status,
+  // before anything is launched or any kernel attribute is set.
   static Status launch_with(const DecodeArgs& a, const DeviceInfo& dev, void* workspace,
                             std::size_t workspace_size, Stream stream) {
-    const Status s = detail::check_launch_device(dev, workspace, stream);
+    Status s = validate_device(dev);
+    if (s) s = detail::check_launch_device(dev, workspace, stream);
     if (!s) return s;
     if constexpr (Problem::kRows > 0) {
       // Only the policies these rows can get (policy_index_for: it depends on the device, and

@@ -138,7 +138,9 @@ inline Status dispatch(const DecodeArgs& a, const DeviceInfo& dev, void* ws, std
 // call. See README "Devices, threads and CUDA graphs".
 inline Status decode(const DecodeArgs& a, void* workspace, std::size_t workspace_size,
                      Stream stream) {
-  Status s = supported(a);
+  Status s = validate(a);
+  if (s) s = detail::check_workspace_pointer(workspace, workspace_size);
+  if (s) s = detail::backend_status();  // supported(a), validated once
   if (!s || a.batch == 0) return s;
 #if defined(MLAKIT_PLATFORM_NONE)
   (void)workspace;

@@ -18,6 +18,15 @@ inline constexpr int kMaxPageSize = 256;
 inline constexpr int kMaxSplits = 64;
 // Requests per call (and requests x fixed splits): the decode grid's second dimension.
 inline constexpr int kMaxBatch = 65535;
+// Block-table pages per request: no request holds more than kMaxKvLen = 2^30 tokens.
+inline constexpr int kMaxPagesPerRequest = 1 << 30;
+// Largest page id a request can name: page ids are int32 values in device memory, which the
+// host never reads, so KV strides are bounded for every id up to this one.
+inline constexpr std::int64_t kMaxPageId = 2147483647;
+// Most bytes any tensor may span (the offset of its last element plus one, times the element
+// size; KV for page ids up to kMaxPageId). Every offset the kernels compute, in 64-bit
+// elements or bytes, then fits with a factor of 2 to spare (a padded tile past the end).
+inline constexpr std::int64_t kMaxSpanBytes = std::int64_t(1) << 62;
 
 enum class SplitMode : std::uint8_t {
   automatic = 0,  // the device planner balances KV tokens over about two waves of CTAs
@@ -95,26 +104,42 @@ struct DecodeArgs {
   int num_splits = 0;          // SplitMode::fixed only: 1..64
   bool deterministic = false;  // results are bitwise reproducible in every mode; see README
 
-  int rows() const { return num_heads * q_len; }  // rows per request, row = t * heads + h
+  // Rows per request, row = t * heads + h. For validated arguments only (at most 4096).
+  int rows() const { return num_heads * q_len; }
 };
+
+namespace detail {
+
+// x * y for y > 0, saturated at the int64 range instead of overflowing.
+constexpr std::int64_t mul_sat(std::int64_t x, std::int64_t y) {
+  constexpr std::int64_t kMax = 0x7fffffffffffffff, kMin = -kMax - 1;
+  if (x > kMax / y) return kMax;
+  if (x < kMin / y) return kMin;  // kMin / y rounds up: the least x whose product fits
+  return x * y;
+}
+
+}  // namespace detail
 
 // Sets every stride of `a` for densely packed tensors of the shapes in `a`
 // (Q/O [batch, q_len, heads, D], KV [pages, page_size, 576], LSE [batch, q_len, heads],
 // block table [batch, max_pages_per_request]). Reads num_heads, q_len and page_size only: the
 // block-table stride is set to 0 (packed rows), which follows max_pages_per_request whenever
-// that is set.
+// that is set. Any int values are accepted without overflow: heads x q_len is exact in 64 bits,
+// and its products with the row widths saturate at the int64 range for shapes far outside the
+// domain (validate() rejects those by num_heads or q_len).
 inline void set_packed_strides(DecodeArgs& a) {
+  const std::int64_t rows = std::int64_t(a.num_heads) * a.q_len;  // |rows| <= 2^62
   a.q_stride_head = kHeadDimQK;
   a.q_stride_token = std::int64_t(a.num_heads) * kHeadDimQK;
-  a.q_stride_batch = std::int64_t(a.q_len) * a.q_stride_token;
+  a.q_stride_batch = detail::mul_sat(rows, kHeadDimQK);
   a.kv_stride_token = kHeadDimQK;
   a.kv_stride_page = std::int64_t(a.page_size) * kHeadDimQK;
   a.o_stride_head = kHeadDimV;
   a.o_stride_token = std::int64_t(a.num_heads) * kHeadDimV;
-  a.o_stride_batch = std::int64_t(a.q_len) * a.o_stride_token;
+  a.o_stride_batch = detail::mul_sat(rows, kHeadDimV);
   a.lse_stride_head = 1;
   a.lse_stride_token = a.num_heads;
-  a.lse_stride_batch = std::int64_t(a.q_len) * a.num_heads;
+  a.lse_stride_batch = rows;
   a.block_table_stride = 0;
 }
 

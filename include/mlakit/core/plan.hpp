@@ -80,22 +80,28 @@ struct PlanShape {
 
 // Number of CTAs along KV for a request mix of `batch` requests and `row_tiles` row tiles on
 // a device with `sm_count` SMs, for a kernel that keeps `ctas_per_sm` CTAs resident per SM.
-// Depends on nothing that lives on the device.
+// Depends on nothing that lives on the device. Computed in 64 bits, so any int inputs give a
+// count without overflow (saturating at INT_MAX; decode() only passes validated ones, for which
+// every count fits the grid).
 MLAKIT_HOST_DEVICE inline int plan_num_ctas(SplitMode mode, int fixed_splits, int batch,
                                             int row_tiles, int sm_count, int ctas_per_sm) {
   if (batch <= 0) return 0;
   if (mode == SplitMode::none) return batch;
-  if (mode == SplitMode::fixed) return batch * fixed_splits;
-  // One wave of resident CTAs: a second wave of a one-CTA-per-SM kernel only adds pieces
-  // (partials, combine, Q reloads) and no SM to run them (docs/performance.md, "Constants").
-  const int per_sm = ctas_per_sm < 1 ? 1 : ctas_per_sm;
-  const int target = (per_sm * sm_count + row_tiles - 1) / row_tiles;
-  const int cap = batch * kMaxAutoSplits;
-  // At least one CTA per request: when requests (times row tiles) already fill the waves,
-  // fewer CTAs than requests only adds boundary splits and coarser waves (docs/performance.md).
-  int g = target > batch ? target : batch;
-  g = g < 1 ? 1 : g;
-  return g < cap ? g : cap;
+  std::int64_t g = std::int64_t(batch) * fixed_splits;
+  if (mode != SplitMode::fixed) {
+    // One wave of resident CTAs: a second wave of a one-CTA-per-SM kernel only adds pieces
+    // (partials, combine, Q reloads) and no SM to run them (docs/performance.md, "Constants").
+    const std::int64_t per_sm = ctas_per_sm < 1 ? 1 : ctas_per_sm;
+    const std::int64_t tiles = row_tiles < 1 ? 1 : row_tiles;
+    const std::int64_t target = (per_sm * sm_count + tiles - 1) / tiles;
+    const std::int64_t cap = std::int64_t(batch) * kMaxAutoSplits;
+    // At least one CTA per request: when requests (times row tiles) already fill the waves,
+    // fewer CTAs than requests only adds boundary splits and coarser waves (docs/performance.md).
+    g = target > batch ? target : batch;
+    g = g < cap ? g : cap;
+  }
+  constexpr std::int64_t kIntMax = 2147483647;
+  return static_cast<int>(g < kIntMax ? g : kIntMax);
 }
 
 // Tokens the page mapping of request b holds: max_pages_per_request x page_size (block table)

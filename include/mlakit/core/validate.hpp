@@ -1,7 +1,9 @@
 #pragma once
 // Argument checks for decode(): every rejection names the argument, its value and the
 // allowed range. Nothing here reads device memory, so kv_len values are not checked (the
-// device clamps them to the request's page capacity instead).
+// device clamps them to the request's page capacity instead). Nothing here overflows: every
+// stride is bounded before it is multiplied, so a value whose span does not fit in
+// kMaxSpanBytes is rejected by name, whatever the other values are.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -50,16 +52,43 @@ inline std::string format_float(float v) {
   return buf;
 }
 
-// A stride of a dimension with `extent` > 1 must be >= `min` and a multiple of `multiple`.
-inline Status check_stride(const char* name, std::int64_t stride, int extent, std::int64_t min,
-                           std::int64_t multiple) {
-  if (extent <= 1) return Status::ok();
-  if (stride < min || stride % multiple != 0) {
-    std::string allowed = "at least " + std::to_string(min) + " elements";
-    if (multiple > 1) allowed += ", a multiple of " + std::to_string(multiple);
-    return bad_arg(name, std::to_string(stride), allowed);
+// One tensor's strides, checked from the innermost dimension out. `span()` is what the tensor
+// spans, in elements (the offset of its last element plus one), over the dimensions checked so
+// far. The stride of a dimension of extent > 1 must be at least `min` elements, a multiple of
+// `multiple`, and at most what keeps the whole span within kMaxSpanBytes; a dimension of
+// extent 0 or 1 is never stepped over, so its stride is neither read nor checked. Each stride
+// is bounded before it is multiplied: nothing overflows, whatever the values.
+class SpanCheck {
+ public:
+  SpanCheck(std::int64_t row_elems, std::int64_t elem_bytes)
+      : span_(row_elems), limit_(kMaxSpanBytes / elem_bytes) {}
+
+  std::int64_t span() const { return span_; }
+
+  Status dim(const char* name, std::int64_t stride, std::int64_t extent, std::int64_t min,
+             std::int64_t multiple) {
+    if (extent <= 1) return Status::ok();
+    const std::int64_t max = (limit_ - span_) / (extent - 1);  // span_ <= limit_ always
+    if (stride < min || stride > max || stride % multiple != 0) {
+      std::string allowed = "at least " + std::to_string(min) + " elements";
+      if (multiple > 1) allowed += ", a multiple of " + std::to_string(multiple);
+      allowed += ", at most " + std::to_string(max);
+      return bad_arg(name, std::to_string(stride), allowed);
+    }
+    span_ += (extent - 1) * stride;
+    return Status::ok();
   }
-  return Status::ok();
+
+ private:
+  std::int64_t span_;
+  std::int64_t limit_;
+};
+
+// A pointer the kernels read or write: null is rejected where `required`, else accepted (it is
+// then not read); any other value must be `align`-byte aligned.
+inline Status check_pointer(const char* name, const void* p, std::uintptr_t align, bool required) {
+  if (p == nullptr) return required ? check_ptr(name, p) : Status::ok();
+  return check_align(name, p, align);
 }
 
 inline Status check_scale(const char* name, float v) {
@@ -92,13 +121,100 @@ inline Status validate_shape(const DecodeArgs& a) {
   return Status::ok();
 }
 
+namespace detail {
+
+// Every pointer the kernels use. Batch 0 reads nothing, so there every pointer may be null;
+// a pointer that is given is checked for alignment at every batch. Page-id pointers: see
+// validate_page_ids().
+inline Status validate_pointers(const DecodeArgs& a) {
+  const bool required = a.batch > 0;
+  Status s;
+  // Q, KV and O rows move in 16-byte pieces; LSE and kv_len are read and written as 4 bytes.
+  if (!(s = check_pointer("q", a.q, 16, required)) ||
+      !(s = check_pointer("kv", a.kv, 16, required)) ||
+      !(s = check_pointer("out", a.out, 16, required)) ||
+      !(s = check_pointer("kv_len", a.kv_len, 4, required)) ||
+      !(s = check_pointer("lse", a.lse, 4, false)))
+    return s;
+  return Status::ok();
+}
+
+// Strides of Q, KV, O and (when lse is given) LSE. Rows are read and written in 16-byte pieces,
+// so the strides keep every row 16-byte aligned. Outputs must not overlap: each stride of O
+// and LSE covers the dimensions inside it. Every tensor spans at most kMaxSpanBytes; KV for
+// every page id up to kMaxPageId.
+inline Status validate_strides(const DecodeArgs& a) {
+  Status s;
+  const std::int64_t q_bytes = std::int64_t(dtype_bytes(a.q_type));
+  SpanCheck q(kHeadDimQK, q_bytes);
+  if (!(s = q.dim("q_stride_head", a.q_stride_head, a.num_heads, kHeadDimQK, 8)) ||
+      !(s = q.dim("q_stride_token", a.q_stride_token, a.q_len, kHeadDimQK, 8)) ||
+      !(s = q.dim("q_stride_batch", a.q_stride_batch, a.batch, kHeadDimQK, 8)))
+    return s;
+
+  const std::int64_t kv_bytes = std::int64_t(dtype_bytes(a.kv_type));
+  SpanCheck kv(kHeadDimQK, kv_bytes);
+  if (!(s = kv.dim("kv_stride_token", a.kv_stride_token, a.page_size, kHeadDimQK, 16 / kv_bytes)) ||
+      !(s = kv.dim("kv_stride_page", a.kv_stride_page, kMaxPageId + 1, kHeadDimQK, 16 / kv_bytes)))
+    return s;
+
+  SpanCheck o(kHeadDimV, q_bytes);
+  if (!(s = o.dim("o_stride_head", a.o_stride_head, a.num_heads, o.span(), 8)) ||
+      !(s = o.dim("o_stride_token", a.o_stride_token, a.q_len, o.span(), 8)) ||
+      !(s = o.dim("o_stride_batch", a.o_stride_batch, a.batch, o.span(), 8)))
+    return s;
+
+  if (a.lse == nullptr) return Status::ok();  // not written: its strides are unused
+  SpanCheck l(1, sizeof(float));
+  if (!(s = l.dim("lse_stride_head", a.lse_stride_head, a.num_heads, l.span(), 1)) ||
+      !(s = l.dim("lse_stride_token", a.lse_stride_token, a.q_len, l.span(), 1)) ||
+      !(s = l.dim("lse_stride_batch", a.lse_stride_batch, a.batch, l.span(), 1)))
+    return s;
+  return Status::ok();
+}
+
+// The page-id fields of the mode page_ids selects; those of the other mode are not read.
+inline Status validate_page_ids(const DecodeArgs& a) {
+  Status s;
+  const bool required = a.batch > 0;
+  if (a.page_ids == PageIds::csr) {
+    // kv_indices may be null: then no request has a page (page_capacity() is 0) and the
+    // kernels never read it.
+    if (!(s = check_pointer("kv_indptr", a.kv_indptr, 4, required)) ||
+        !(s = check_pointer("kv_indices", a.kv_indices, 4, false)))
+      return s;
+    return Status::ok();
+  }
+  if (!(s = check_pointer("block_table", a.block_table, 4, required))) return s;
+  if (!(s = check_range("max_pages_per_request", a.max_pages_per_request, 1, kMaxPagesPerRequest)))
+    return s;
+  // 0 selects rows of exactly max_pages_per_request entries (block_table_row_stride()); the
+  // table then spans at most 65535 x 2^30 entries. Any other row stride is read from request 1
+  // on: at least a row, and the table within kMaxSpanBytes.
+  if (a.batch > 1 && a.block_table_stride != 0) {
+    const std::int64_t max =
+        (kMaxSpanBytes / std::int64_t(sizeof(std::int32_t)) - a.max_pages_per_request) /
+        (a.batch - 1);
+    if (a.block_table_stride < a.max_pages_per_request || a.block_table_stride > max)
+      return bad_arg("block_table_stride", std::to_string(a.block_table_stride),
+                     ">= max_pages_per_request (" + std::to_string(a.max_pages_per_request) +
+                         ") and <= " + std::to_string(max) + ", or 0 for packed rows");
+  }
+  return Status::ok();
+}
+
+}  // namespace detail
+
 // Full validation of a decode() request. Ok means the shape is inside the domain and every
-// pointer and stride the kernels use is present and consistent.
+// pointer and stride the kernels use is present and consistent. The rules are the same at
+// every batch, except that batch 0 (nothing to read) does not require pointers; the README's
+// "Supported domain" states them all.
 inline Status validate(const DecodeArgs& a) {
   using namespace detail;
   Status s;
   if (a.q_type != DType::bf16 && a.q_type != DType::fp16)
-    return bad_arg("q_type", is_valid_dtype(a.q_type) ? dtype_name(a.q_type) : "invalid",
+    return bad_arg("q_type",
+                   is_valid_dtype(a.q_type) ? dtype_name(a.q_type) : std::to_string(int(a.q_type)),
                    "bf16 or fp16");
   if (!is_valid_dtype(a.kv_type))
     return bad_arg("kv_type", std::to_string(int(a.kv_type)),
@@ -108,54 +224,10 @@ inline Status validate(const DecodeArgs& a) {
   if (!(s = check_scale("softmax_scale", a.softmax_scale))) return s;
   // kv_scale multiplies every cache element, 16-bit caches included (see DecodeArgs).
   if (!(s = check_scale("kv_scale", a.kv_scale))) return s;
-  if (a.batch == 0) return Status::ok();  // nothing to compute; pointers may be null
-
-  if (!(s = check_ptr("q", a.q)) || !(s = check_ptr("kv", a.kv)) ||
-      !(s = check_ptr("out", a.out)) || !(s = check_ptr("kv_len", a.kv_len)))
-    return s;
-  if (!(s = check_align("q", a.q, 16)) || !(s = check_align("kv", a.kv, 16)) ||
-      !(s = check_align("out", a.out, 16)))
-    return s;
-  if (a.lse != nullptr && !(s = check_align("lse", a.lse, 4))) return s;
-
-  // Rows are read and written in 16-byte pieces: strides keep every row 16-byte aligned.
-  const std::int64_t kv_vec = 16 / std::int64_t(dtype_bytes(a.kv_type));
-  if (!(s = check_stride("q_stride_head", a.q_stride_head, a.num_heads, kHeadDimQK, 8))) return s;
-  if (!(s = check_stride("q_stride_token", a.q_stride_token, a.q_len, kHeadDimQK, 8))) return s;
-  if (!(s = check_stride("q_stride_batch", a.q_stride_batch, a.batch, kHeadDimQK, 8))) return s;
-  if (!(s = check_stride("kv_stride_token", a.kv_stride_token, a.page_size, kHeadDimQK, kv_vec)))
-    return s;
-  if (!(s = check_stride("kv_stride_page", a.kv_stride_page, 2, kHeadDimQK, kv_vec))) return s;
-  // Outputs must not overlap: each dimension's stride covers the dimensions inside it.
-  const std::int64_t o_head_span = kHeadDimV;
-  if (!(s = check_stride("o_stride_head", a.o_stride_head, a.num_heads, o_head_span, 8))) return s;
-  const std::int64_t o_tok_span = (a.num_heads - 1) * a.o_stride_head + kHeadDimV;
-  if (!(s = check_stride("o_stride_token", a.o_stride_token, a.q_len, o_tok_span, 8))) return s;
-  const std::int64_t o_b_span = (a.q_len - 1) * a.o_stride_token + o_tok_span;
-  if (!(s = check_stride("o_stride_batch", a.o_stride_batch, a.batch, o_b_span, 8))) return s;
-  if (a.lse != nullptr) {
-    if (!(s = check_stride("lse_stride_head", a.lse_stride_head, a.num_heads, 1, 1))) return s;
-    const std::int64_t l_tok = (a.num_heads - 1) * a.lse_stride_head + 1;
-    if (!(s = check_stride("lse_stride_token", a.lse_stride_token, a.q_len, l_tok, 1))) return s;
-    const std::int64_t l_b = (a.q_len - 1) * a.lse_stride_token + l_tok;
-    if (!(s = check_stride("lse_stride_batch", a.lse_stride_batch, a.batch, l_b, 1))) return s;
-  }
-
-  if (a.page_ids == PageIds::block_table) {
-    if (!(s = check_ptr("block_table", a.block_table))) return s;
-    if (!(s = check_range("max_pages_per_request", a.max_pages_per_request, 1, 1 << 30))) return s;
-    // 0 selects rows of exactly max_pages_per_request entries (block_table_row_stride()).
-    if (a.batch > 1 && a.block_table_stride != 0 && a.block_table_stride < a.max_pages_per_request)
-      return bad_arg("block_table_stride", std::to_string(a.block_table_stride),
-                     ">= max_pages_per_request (" + std::to_string(a.max_pages_per_request) +
-                         "), or 0 for packed rows");
-  } else if (a.page_ids == PageIds::csr) {
-    // kv_indices may be null: then no request has a page (page_capacity() is 0) and the
-    // kernels never read it.
-    if (!(s = check_ptr("kv_indptr", a.kv_indptr))) return s;
-  } else {
+  if (a.page_ids != PageIds::block_table && a.page_ids != PageIds::csr)
     return bad_arg("page_ids", std::to_string(int(a.page_ids)), "block_table or csr");
-  }
+  if (!(s = validate_pointers(a)) || !(s = validate_strides(a)) || !(s = validate_page_ids(a)))
+    return s;
   return Status::ok();
 }
 
