@@ -2,6 +2,7 @@
 // within its rows, the accesses the kernels make hit distinct bank groups, and the wgmma tile
 // equals the hardware's 128-byte swizzle pattern.
 #include <catch2/catch.hpp>
+#include <mlakit/kernel/decode_cdna.hpp>
 #include <mlakit/kernel/smem_tile.hpp>
 #include <set>
 
@@ -88,4 +89,29 @@ TEST_CASE("Swizzle128Tile: the hardware 128-byte swizzle of a K-major wgmma tile
     }
   CHECK(seen.size() == 64 * 72);
   CHECK(*seen.rbegin() == 9 * 64 * 128 - 16);
+}
+
+// The CDNA mainloop's KV tile (kernel/decode_cdna.hpp): a bijection from (dim pair, key) onto
+// the tile's words, every pair's 4-key chunks 16-byte aligned and whole, and the V^T reads of
+// one k-step (16 lanes: columns c0 .. c0 + 15, i.e. 8 pairs, one chunk each) spread over
+// distinct 16-byte bank groups.
+TEST_CASE("CdnaKvLayout<16>: a bijection, whole 4-key chunks, spread V^T reads", "[layout]") {
+  using L = CdnaKvLayout<16>;
+  std::set<int> words;
+  for (int p = 0; p < L::kPairs; ++p)
+    for (int k = 0; k < 16; ++k) {
+      const int w = L::word(p, k);
+      CHECK(w / 16 == p);  // a pair's keys stay in its 64-byte row
+      words.insert(w);
+      if (k % 4 != 0) CHECK(w == L::word(p, k - k % 4) + k % 4);  // chunks stay whole
+      if (k % 4 == 0) CHECK(w % 4 == 0);                          // and 16-byte aligned
+    }
+  CHECK(static_cast<int>(words.size()) == L::kWords);
+  CHECK(*words.rbegin() == L::kWords - 1);
+  for (int c0 = 0; c0 < kHeadDimV; c0 += 16)
+    for (int g = 0; g < 4; ++g) {
+      std::set<int> groups;
+      for (int q = 0; q < 16; q += 2) groups.insert(bank_group(4 * L::word((c0 + q) / 2, 4 * g)));
+      CHECK(groups.size() == 8);  // 8 pairs over the 8 bank groups: no conflict
+    }
 }

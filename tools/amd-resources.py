@@ -36,17 +36,21 @@ HEAD_QK, HEAD_V = 576, 512
 
 
 def hip_policies():
-    """Rows of the HIP kPolicies table in arch/tile_policy.hpp, as dicts."""
+    """Rows of the HIP kPolicies table in arch/tile_policy.hpp, as dicts (with "mainloop")."""
     text = (ROOT / "include/mlakit/arch/tile_policy.hpp").read_text()
     m = re.search(r"#if defined\(MLAKIT_PLATFORM_HIP\)(.*?)#else", text, re.S)
-    rows = re.findall(r"\{\s*(\d+(?:\s*,\s*\d+){6})\s*\}", m.group(1) if m else "")
+    rows = re.findall(r"\{\s*(\d+(?:\s*,\s*\d+){6})\s*,\s*Mainloop::(\w+)[^}]*\}",
+                      m.group(1) if m else "")
     keys = ["rows", "kv_tile", "threads", "stages", "raw_bytes", "ctas_per_sm", "fp8_stages"]
-    return [dict(zip(keys, map(int, r.split(",")))) for r in rows]
+    return [dict(zip(keys, map(int, r.split(","))), mainloop=ml) for r, ml in rows]
 
 
 def decode_lds_bytes(pol):
-    """Dynamic LDS of the decode kernel on AMD (kernel/decode_kernel.hpp, DecodeTraits: KV in
-    the compute type, Q tile, `stages` KV tiles, P tile, row max / sum exchange)."""
+    """Dynamic LDS of the decode kernel on AMD without the self-plan bytes. cdna
+    (kernel/decode_cdna.hpp): one KV tile in the compute type. warp_mma (decode_kernel.hpp,
+    DecodeTraits): Q tile, `stages` KV tiles, P tile, row max / sum exchange."""
+    if pol.get("mainloop") == "cdna":
+        return pol["kv_tile"] * HEAD_QK * 2
     col_groups = (pol["threads"] // 64) // (pol["rows"] // 16)
     q = pol["rows"] * HEAD_QK * 2
     kv = pol["stages"] * pol["kv_tile"] * HEAD_QK * 2

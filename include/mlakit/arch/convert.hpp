@@ -46,6 +46,13 @@ inline constexpr DType kNativeFp8 = DType::fp8_e4m3fn;
 inline constexpr DType kNativeFp8 = DType::bf16;
 #endif
 
+// The upper half of an f32 as bf16 bits: exact for every fp8 value; a NaN gets its quiet bit
+// set, so it stays NaN whichever mantissa bits the conversion put its payload in.
+MLAKIT_HOST_DEVICE inline std::uint32_t bf16_upper(float f) {
+  const std::uint32_t b = float_to_bits(f);
+  return (b >> 16) | ((b & 0x7FFFFFFFu) > 0x7F800000u ? 0x40u : 0u);
+}
+
 // One 32-bit word of four fp8 bytes -> four compute values in two b32 words (low half =
 // lower byte), through two packed conversions.
 template <class T, class Instr>
@@ -53,8 +60,8 @@ MLAKIT_HOST_DEVICE inline void fp8x4_native(std::uint32_t word, const Instr& in,
                                             std::uint32_t& out01, std::uint32_t& out23) {
   const F32x2 a = in.cvt(word, false), b = in.cvt(word, true);
   if constexpr (DTypeOf<T>::value == DType::bf16) {
-    out01 = (float_to_bits(a.lo) >> 16) | (float_to_bits(a.hi) & 0xFFFF0000u);
-    out23 = (float_to_bits(b.lo) >> 16) | (float_to_bits(b.hi) & 0xFFFF0000u);
+    out01 = bf16_upper(a.lo) | (bf16_upper(a.hi) << 16);
+    out23 = bf16_upper(b.lo) | (bf16_upper(b.hi) << 16);
   } else {
     out01 = in.pkrtz(a.lo, a.hi);
     out23 = in.pkrtz(b.lo, b.hi);

@@ -16,7 +16,10 @@ namespace mlakit::arch {
 // the Q type: 16 rows 384 threads, 32 rows 256, one CTA per SM) where the device runs its
 // sm_90a code
 // (TilePolicy::fp8_mainloop, TilePolicy::direct_mainloop).
-enum class Mainloop : int { warp_mma = 0, warpgroup_ws = 2, keys_as_m = 3 };
+// cdna: the CDNA mainloop of decode_cdna.hpp (AMD): every row of the row tile shares each KV
+// tile from LDS; 16-row MFMA tiles, one per wave (two waves splitting the V columns in the
+// 16-row form).
+enum class Mainloop : int { warp_mma = 0, warpgroup_ws = 2, keys_as_m = 3, cdna = 4 };
 
 // CTAs per SM of the keys-as-M kernel of `rows`-row tiles and KV of `kv_bytes` bytes per value
 // (e4m3fn, 16 rows: Q 18 KB, P 2 KB, two raw 36 KB stages; 32 rows: Q 36 KB, two P of 4 KB,
@@ -73,10 +76,17 @@ struct TilePolicy {
 inline constexpr int kFp8CtasMinRowTiles = 32;
 
 #if defined(MLAKIT_PLATFORM_HIP)
-// 64 KiB of LDS per workgroup on gfx90a/gfx942: 16 rows, 32-token tiles, 2 waves; KV is
-// converted on its way through registers, so no raw staging in LDS. Compile-checked only.
+// CDNA (gfx90a / gfx942 / gfx950): the cdna mainloop with one 16-token KV tile of 18 KB in LDS
+// (the compute type, converted once by the workgroup) shared by all rows of the row tile; the
+// next tile waits in registers. Row tiles of 16 (two waves splitting the V columns), 32, 64
+// and 128 rows (one wave per 16 rows). Workgroups per CU (launch bounds, plan): 3 for 2 waves
+// (LDS: 3 x 18 KB plus the self-plan bytes fit in 64 KiB), 2 for 4 waves and 1 for 8: at
+// least 1.5 waves per SIMD, 2 for the 64- and 128-row tiles.
 inline constexpr TilePolicy kPolicies[] = {
-    {16, 32, 128, 1, 0, 1, 1, Mainloop::warp_mma},
+    {16, 16, 128, 1, 0, 3, 1, Mainloop::cdna},
+    {32, 16, 128, 1, 0, 3, 1, Mainloop::cdna},
+    {64, 16, 256, 1, 0, 2, 1, Mainloop::cdna},
+    {128, 16, 512, 1, 0, 1, 1, Mainloop::cdna},
 };
 #else
 

@@ -1,7 +1,8 @@
 #pragma once
 // Merges the partial outputs of split requests (in the output type, LSE-weighted, in fp32)
-// into O and the optional LSE. A block of 256 threads serves one request, 256 / (32 W) rows of it
-// and 512 / C of the output columns: W warps per row (1, 2, 4 or 8; W = 1 is one warp per row) and
+// into O and the optional LSE. A block of 256 threads serves one request, 256 / (kWarpSize W)
+// rows of it (32-lane warps on NVIDIA, 64-lane waves on AMD) and 512 / C of the output columns:
+// W warps per row (1, 2, 4 or 8 on NVIDIA, up to 4 on AMD; W = 1 is one warp per row) and
 // C column slices (1, 2 or 4; each block of a row reads all of the row's LSEs, n floats). The
 // pieces of a row go to its warps in turn (piece i to warp i mod W), each warp merging its
 // pieces online in one pass (no wait for the row's merged LSE), so a row cut into

@@ -31,6 +31,7 @@
 #include "../core/attention_math.hpp"
 #include "../core/plan.hpp"
 #include "../platform/intrinsics.hpp"
+#include "decode_cdna.hpp"
 #include "planner_kernel.hpp"
 #include "problem.hpp"
 #include "smem_tile.hpp"
@@ -69,10 +70,12 @@ struct DecodeTraits {
   static constexpr int kNTilesS = kKeysPerWarp / Atom::kN;
   static constexpr int kVColsPerWarp = kHeadDimV / kColGroups;
   static constexpr int kNTilesO = kVColsPerWarp / Atom::kN;
-  static_assert(kRows % Atom::kM == 0 && kWarps % kRowGroups == 0, "warp layout");
-  static_assert(kNTilesS >= 1 && kKeysPerWarp % Atom::kN == 0, "keys per warp");
-  static_assert(kNTilesO % 2 == 0, "V columns are loaded two n-tiles at a time");
-  static_assert(kKvTile % 16 == 0 && kThreads % kKvTile == 0, "copy layout");
+  // A cdna policy runs decode_cdna.hpp's mainloop (AMD), whose layout is its own.
+  static constexpr bool kCdna = kPolicy.mainloop == arch::Mainloop::cdna;
+  static_assert(kCdna || (kRows % Atom::kM == 0 && kWarps % kRowGroups == 0), "warp layout");
+  static_assert(kCdna || (kNTilesS >= 1 && kKeysPerWarp % Atom::kN == 0), "keys per warp");
+  static_assert(kCdna || kNTilesO % 2 == 0, "V columns are loaded two n-tiles at a time");
+  static_assert(kCdna || (kKvTile % 16 == 0 && kThreads % kKvTile == 0), "copy layout");
   static_assert(!kFp8Operands || kNTilesO % 4 == 0, "e4m3 V is loaded four n-tiles at a time");
 
   static constexpr bool kDirect = Problem::kDirectKv;
@@ -111,7 +114,9 @@ struct DecodeTraits {
   static constexpr int kOffRaw = kOffKv + kKvBytes;
   static constexpr int kOffP = kOffRaw + kRawBytes;
   static constexpr int kOffRed = kOffP + kPBytes;
-  static constexpr int kSmemBytes = kOffRed + kRedBytes + kScaleBytes;
+  // cdna: one KV tile in the compute type, 16-bit values in dim pairs (CdnaKvLayout).
+  static constexpr int kSmemBytes =
+      kCdna ? kHeadDimQK * kKvTile * 2 : kOffRed + kRedBytes + kScaleBytes;
   // A `warpgroup_ws` policy has its own kernel (decode_ws_sm90.hpp) for sm_90a; this kernel
   // is then only its fallback on other targets.
   static constexpr bool kWarpgroupPolicy = kPolicy.mainloop == arch::Mainloop::warpgroup_ws;
@@ -796,7 +801,8 @@ struct DecodeMainloop {
 };
 
 template <class Tr>
-__global__ void __launch_bounds__(Tr::kThreads, Tr::kCtasPerSm) decode_kernel(const KernelArgs p) {
+__global__ void __launch_bounds__(Tr::kThreads, launch_bounds_residency(Tr::kThreads, Tr::kCtasPerSm))
+    decode_kernel(const KernelArgs p) {
 #if defined(MLAKIT_WGMMA_ENABLED)
   // sm_90a code: the host launches decode_kernel_ws for warpgroup policies, never this one.
   constexpr bool kSkip = Tr::kWarpgroupPolicy;
@@ -805,6 +811,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kCtasPerSm) decode_kernel(co
 #endif
   if constexpr (kSkip) {
     (void)p;
+  } else if constexpr (Tr::kCdna) {
+    run_cdna_kernel<Tr>(p, dynamic_smem());
   } else {
     unsigned char* const smem = dynamic_smem();
     const int row_tile = static_cast<int>(blockIdx.x);

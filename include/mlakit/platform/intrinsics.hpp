@@ -22,6 +22,15 @@ __device__ __forceinline__ float shfl_xor(float v, int mask) {
 #endif
 }
 
+// v from lane `src` of the warp / wave (every lane takes part).
+__device__ __forceinline__ int shfl(int v, int src) {
+#if defined(MLAKIT_PLATFORM_CUDA)
+  return __shfl_sync(0xffffffffu, v, src);
+#else
+  return __shfl(v, src, kWarpSize);
+#endif
+}
+
 __device__ __forceinline__ int lane_id() { return static_cast<int>(threadIdx.x) % kWarpSize; }
 __device__ __forceinline__ int warp_id() { return static_cast<int>(threadIdx.x) / kWarpSize; }
 
@@ -29,14 +38,32 @@ __device__ __forceinline__ int warp_id() { return static_cast<int>(threadIdx.x) 
 // ex2.approx is one MUFU.EX2; exp2f (ex2.approx without ftz) adds a compare and two predicated
 // multiplies per call to produce subnormal results. Results below 2^-126 become 0 instead:
 // every use is a softmax weight or a rescale factor relative to a running max, where such
-// values are below the rounding of the sums they enter. AMD: v_exp_f32.
+// values are below the rounding of the sums they enter. AMD: one v_exp_f32 through
+// __builtin_amdgcn_exp2f (exp2f compiles to __ocml_exp2_f32, which adds a compare, two selects,
+// an add and a multiply around it to keep subnormal results); the same flush to zero as on
+// NVIDIA. Compilers without the builtin (clang < 18: Debian's hipcc 5.2) take exp2f.
 __device__ __forceinline__ float fast_exp2(float x) {
 #if defined(MLAKIT_PLATFORM_CUDA)
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+#elif defined(MLAKIT_PLATFORM_EMULATED) || __has_builtin(__builtin_amdgcn_exp2f)
+  return __builtin_amdgcn_exp2f(x);
 #else
   return exp2f(x);
+#endif
+}
+
+// The second argument of __launch_bounds__ for a kernel of `threads` threads that should
+// keep `blocks` blocks resident per SM / CU: CUDA reads it as blocks per SM, HIP as the
+// minimum waves per SIMD (amdgpu_waves_per_eu; a CDNA CU has 4 SIMDs).
+constexpr int launch_bounds_residency(int threads, int blocks) {
+#if defined(MLAKIT_PLATFORM_CUDA)
+  (void)threads;
+  return blocks;
+#else
+  const int waves = blocks * ((threads + kWarpSize - 1) / kWarpSize);
+  return waves < 4 ? 1 : waves / 4;
 #endif
 }
 

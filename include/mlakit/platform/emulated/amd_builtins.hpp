@@ -11,7 +11,9 @@
 //  - DPP (update_dpp): the GCN/CDNA cross-lane controls on 16-lane rows: quad_perm, row_shl,
 //    row_shr, row_ror, row_mirror, row_half_mirror; row and bank masks, bound_ctrl;
 //  - __shfl_xor (HIP's amd_warp_functions.h): source lane self ^ mask, the caller's own value
-//    when that lane lies outside its width-aligned segment.
+//    when that lane lies outside its width-aligned segment; __shfl: lane src mod width of the
+//    caller's segment;
+//  - V_EXP_F32 (__builtin_amdgcn_exp2f): 2^x, modelled by the host's exp2f.
 // Every wave-level builtin exchanges the operands of the 64 lanes (emu::wave_exchange) and
 // then computes the calling lane's result from them. A builtin argument outside what is
 // modelled is a fault, and a builtin not defined here does not compile.
@@ -97,7 +99,8 @@ enum : std::uint64_t {
   kTagMfmaBf16 = 1,
   kTagMfmaF16 = 2,
   kTagDpp = 3,   // | control << 8 | masks << 20
-  kTagShfl = 4,  // | mask << 8 | width << 24
+  kTagShfl = 4,     // | mask << 8 | width << 24
+  kTagShflIdx = 5,  // | width << 24
 };
 
 // v_mfma_f32_16x16x16{bf16_1k,f16}: D = A B + C, 16x16x16, wave64. Register layouts
@@ -222,6 +225,26 @@ inline mlakit::emu::half2_v __builtin_amdgcn_cvt_pkrtz(float lo, float hi) {
   std::memcpy(&r, h, 4);
   return r;
 }
+
+// HIP's __shfl at wave size 64: lane self reads lane (src_lane mod width) of its own
+// width-aligned segment (ds_bpermute).
+template <class T>
+inline T __shfl(T var, int src_lane, int width = 64) {
+  static_assert(sizeof(T) <= mlakit::emu::kSlotBytes, "shuffle operand too large");
+  namespace emu = mlakit::emu;
+  if (width <= 0 || width > 64 || (width & (width - 1)) != 0)
+    emu::fault("__shfl width " + std::to_string(width) + " (allowed: a power of two <= 64)");
+  const unsigned char* all =
+      emu::wave_exchange(&var, sizeof var, emu::kTagShflIdx | (std::uint64_t(width) << 24));
+  const int self = emu::lane_in_wave();
+  const int index = (src_lane & (width - 1)) + (self & ~(width - 1));
+  T v;
+  std::memcpy(&v, all + index * emu::kSlotBytes, sizeof v);
+  return v;
+}
+
+// v_exp_f32: 2^x (the hardware's result is within 1 ulp; the host's exp2f stands in).
+inline float __builtin_amdgcn_exp2f(float x) { return std::exp2f(x); }
 
 // HIP's __shfl_xor at wave size 64: lane self reads lane self ^ mask, or keeps its own value
 // when that lane is outside self's width-aligned segment.

@@ -1,0 +1,360 @@
+#pragma once
+// The CDNA mainloop (AMD gfx90a / gfx942 / gfx950): every row of a row tile shares each KV
+// tile, read once from memory into LDS and from there by every wave.
+//
+// Workgroup: RowGroups groups of 16 rows (one 16 x 16 MFMA tile) x ColSplit waves; the waves
+// of a row group split the 512 V columns (ColSplit 2 only for the 16-row form, so that its
+// workgroup has two waves). Per piece of a request:
+//   Q^T   [576 x 16 rows]   registers: each wave's B operand of S^T (36 k-steps x 2 VGPRs)
+//   for each KV tile of 16 tokens (raw bytes of the next tile already in registers):
+//     S^T [16 keys x 16 rows]  = K Q^T          A = K from LDS (4 dims of one key per lane)
+//     online softmax per row   a row's 16 keys sit in lanes q, q + 16, q + 32, q + 48
+//                              (4 each): in-lane, then xor 16 and xor 32
+//     O^T [512 / ColSplit x 16] += V^T P^T       B = P^T: the S^T accumulator itself, packed
+//                                                to 16 bits (the MFMA's C and B layouts are
+//                                                the same); A = V^T from LDS (4 keys of one
+//                                                column per lane, one 16-byte read)
+//     barrier; the registers' tile converted to the compute type and stored to LDS; barrier
+//   O^T / l -> out (unsplit) or the piece's partial slot; LSE
+// Register and MFMA layouts are those of arch::MmaAtomMfma16 (lane l: g = l / 16, q = l % 16;
+// A[i][k] at lane i + 16 (k / 4), element k % 4; B[k][j] at lane j + 16 (k / 4); C[i][j] at
+// lane j + 16 (i / 4), element i % 4).
+#include <cstdint>
+
+#include "../arch/convert.hpp"
+#include "../arch/mma_atom.hpp"
+#include "../core/attention_math.hpp"
+#include "../core/decode_args.hpp"
+#include "../core/plan.hpp"
+#include "../platform/intrinsics.hpp"
+#include "planner_kernel.hpp"
+#include "workspace.hpp"
+
+namespace mlakit::detail {
+
+// A KV tile in LDS in the compute type, 16-bit values in pairs of dims: the 32-bit word of dim
+// pair p (dims 2p, 2p + 1; the lower dim in the low half) of key k. A pair's keys are 16-byte
+// chunks of 4 keys, the chunk index XOR-swizzled by the pair so that the V^T reads of 16 lanes
+// (8 consecutive pairs, one chunk each) spread over the banks:
+//   K, S^T's A operand: dims 4g .. 4g + 3 of key q  = words (2g', q), (2g' + 1, q)
+//   V^T, O^T's A operand: keys 4g .. 4g + 3 of dim c = one 16-byte chunk of pair c / 2
+template <int Tokens>
+struct CdnaKvLayout {
+  static_assert(Tokens == 16, "16-token tiles: one MFMA k-step of keys");
+  static constexpr int kPairs = kHeadDimQK / 2;
+  static constexpr int kWords = kPairs * Tokens;
+  static constexpr int kBytes = kWords * 4;
+  MLAKIT_HOST_DEVICE static constexpr int word(int pair, int key) {
+    return pair * Tokens + ((((key >> 2) ^ (pair >> 1)) & (Tokens / 4 - 1)) << 2) + (key & 3);
+  }
+};
+
+}  // namespace mlakit::detail
+
+#if !defined(MLAKIT_PLATFORM_NONE)
+
+namespace mlakit::detail {
+
+// The decode kernel's body for a cdna policy (defined for AMD targets only).
+template <class Tr>
+__device__ void run_cdna_kernel(const KernelArgs& p, unsigned char* smem);
+
+}  // namespace mlakit::detail
+
+#endif
+
+#if defined(MLAKIT_PLATFORM_HIP)
+
+namespace mlakit::detail {
+
+template <class Tr>
+struct CdnaMainloop {
+  using T = typename Tr::T;    // compute type (the Q type)
+  using Tq = typename Tr::Tq;  // Q and output type
+  using Atom = arch::MmaAtomMfma16<T>;
+  static constexpr int kRows = Tr::kRows;
+  static constexpr int kThreads = Tr::kThreads;
+  static constexpr int kWaves = kThreads / 64;
+  static constexpr int kRowGroups = kRows / 16;
+  static constexpr int kColSplit = kWaves / kRowGroups;
+  static constexpr int kCols = kHeadDimV / kColSplit;  // V columns per wave
+  static constexpr int kOTiles = kCols / 16;
+  static constexpr int kTokens = Tr::kKvTile;
+  static constexpr int kKSteps = kHeadDimQK / 16;  // S^T k-steps over the 576 dims
+  using Layout = CdnaKvLayout<kTokens>;
+  static_assert(kRows % 16 == 0 && kWaves % kRowGroups == 0 && kColSplit >= 1, "wave layout");
+  static_assert(kOTiles * 16 * kColSplit == kHeadDimV, "V columns split evenly");
+  static constexpr int kSmemBytes = Layout::kBytes;
+
+  const KernelArgs& p;
+  std::uint32_t* kv_tile;  // Layout::kWords words
+  int b = 0, heads, q_len, rows, row0, kv_bytes;
+  bool causal;
+  DType kv;
+
+  __device__ CdnaMainloop(const KernelArgs& args, unsigned char* smem, int row_tile)
+      : p(args),
+        kv_tile(reinterpret_cast<std::uint32_t*>(smem)),
+        heads(Tr::heads(args.a)),
+        q_len(Tr::q_len(args.a)),
+        rows(0),
+        row0(row_tile * kRows),
+        kv_bytes(0),
+        causal(Tr::causal(args.a)),
+        kv(Tr::kv_dtype(args.a)) {
+    rows = heads * q_len;
+    kv_bytes = static_cast<int>(dtype_bytes(kv));
+  }
+
+  // ---- addressing of request b ---------------------------------------------------------------
+  __device__ const std::int32_t* page_table() const {
+    const DecodeArgs& a = p.a;
+    return a.page_ids == PageIds::block_table ? a.block_table + b * a.block_table_stride
+                                              : a.kv_indices + a.kv_indptr[b];
+  }
+  __device__ const Tq* q_row(int row) const {
+    const DecodeArgs& a = p.a;
+    const int t = row / heads, h = row - t * heads;
+    return static_cast<const Tq*>(a.q) + b * a.q_stride_batch + t * a.q_stride_token +
+           h * a.q_stride_head;
+  }
+  // Row `row`'s output: the piece's partial slot when it is split, else request b's output.
+  __device__ Tq* o_row(const Piece& pc, int row) const {
+    const DecodeArgs& a = p.a;
+    if (pc.partial_slot >= 0)
+      return reinterpret_cast<Tq*>(p.ws.partial_o) +
+             (std::int64_t(pc.partial_slot) * p.ws.rows_padded + row) * kHeadDimV;
+    const int t = row / heads, h = row - t * heads;
+    return static_cast<Tq*>(a.out) + b * a.o_stride_batch + t * a.o_stride_token +
+           h * a.o_stride_head;
+  }
+  __device__ void store_lse(const Piece& pc, int row, float lse) const {
+    const DecodeArgs& a = p.a;
+    if (pc.partial_slot >= 0) {
+      p.ws.partial_lse[std::int64_t(pc.partial_slot) * p.ws.rows_padded + row] = lse;
+    } else if (a.lse != nullptr) {
+      const int t = row / heads, h = row - t * heads;
+      a.lse[b * a.lse_stride_batch + t * a.lse_stride_token + h * a.lse_stride_head] = lse;
+    }
+  }
+
+  // ---- KV tile: memory -> registers -> LDS ----------------------------------------------------
+  // Wave w copies tokens [w T_w, (w + 1) T_w) of a tile (T_w = 16 / waves), its lanes taking
+  // the tokens' 16-byte chunks in order; lane i < T_w looks up token i's page id, which the
+  // chunks' lanes read by a shuffle: one page-table read per token, not per chunk.
+  static constexpr int kTokensPerWave = kTokens / kWaves;
+  static_assert(kTokensPerWave >= 1 && kTokensPerWave * kWaves == kTokens, "tokens per wave");
+  static constexpr int kMaxChunks = (kTokensPerWave * kHeadDimQK * 2 / 16 + 63) / 64;
+
+  // Raw 16-byte chunks of tile [kt, kt + 16) that this lane copies (tokens >= kv_end: zero).
+  __device__ void load_raw(uint4 (&raw)[kMaxChunks], const std::int32_t* table, int kt,
+                           int kv_end) const {
+    const DecodeArgs& a = p.a;
+    const int lane = lane_id(), tok0 = warp_id() * kTokensPerWave;
+    const int row_chunks = kHeadDimQK * kv_bytes / 16;
+    int page = 0;
+    if (lane < kTokensPerWave && kt + tok0 + lane < kv_end)
+      page = table[(kt + tok0 + lane) / a.page_size];
+#pragma unroll
+    for (int i = 0; i < kMaxChunks; ++i) {
+      const int c = lane + 64 * i;
+      const int t = c / row_chunks, ch = c - t * row_chunks;
+      const int j = kt + tok0 + t;  // the chunk's token
+      const int page_t = shfl(page, t < kTokensPerWave ? t : 0);
+      raw[i] = uint4{0, 0, 0, 0};
+      if (t < kTokensPerWave && j < kv_end) {
+        const unsigned char* src =
+            static_cast<const unsigned char*>(a.kv) +
+            (std::int64_t(page_t) * a.kv_stride_page +
+             std::int64_t(j % a.page_size) * a.kv_stride_token) *
+                kv_bytes;
+        raw[i] = *reinterpret_cast<const uint4*>(src + ch * 16);
+      }
+    }
+  }
+  // 8 compute values of dims d0 .. d0 + 7 of key `tok` (4 words) into the LDS tile.
+  __device__ void store8(const uint4& v, int tok, int d0) const {
+    const int p0 = d0 / 2;
+    kv_tile[Layout::word(p0, tok)] = v.x;
+    kv_tile[Layout::word(p0 + 1, tok)] = v.y;
+    kv_tile[Layout::word(p0 + 2, tok)] = v.z;
+    kv_tile[Layout::word(p0 + 3, tok)] = v.w;
+  }
+  __device__ void store_tile(const uint4 (&raw)[kMaxChunks]) const {
+    const int lane = lane_id(), tok0 = warp_id() * kTokensPerWave;
+    const int row_chunks = kHeadDimQK * kv_bytes / 16;
+#pragma unroll
+    for (int i = 0; i < kMaxChunks; ++i) {
+      const int c = lane + 64 * i;
+      const int t = c / row_chunks, ch = c - t * row_chunks;
+      if (t >= kTokensPerWave) continue;
+      const int tok = tok0 + t;
+      if (is_fp8(kv)) {
+        uint4 lo, hi;
+        arch::convert_fp8x16<T>(kv, raw[i], lo, hi);
+        store8(lo, tok, 16 * ch);
+        store8(hi, tok, 16 * ch + 8);
+      } else if (kv == DTypeOf<T>::value) {
+        store8(raw[i], tok, 8 * ch);
+      } else {
+        store8(arch::convert_16x8<T>(kv, raw[i]), tok, 8 * ch);
+      }
+    }
+  }
+
+  // ---- one piece ------------------------------------------------------------------------------
+  __device__ void run(const RequestPlan& rq, const Piece& pc) {
+    const int wave = warp_id(), lane = lane_id();
+    const int g = lane >> 4, q = lane & 15;
+    const int rg = wave / kColSplit, cs = wave - rg * kColSplit;
+    const int row = row0 + rg * 16 + q;  // this lane's row (S^T column, O^T column)
+    const bool wave_has_rows = row0 + rg * 16 < rows;
+    const int L = rq.kv_len;
+    const int last_row = (row0 + kRows < rows ? row0 + kRows : rows) - 1;
+    const int vis_last = visible_keys(L, q_len, last_row / heads, causal);
+    const int kv_begin = pc.kv_begin;
+    const int kv_end = pc.kv_end < vis_last ? pc.kv_end : vis_last;
+    const int n_tiles = kv_end > kv_begin ? (kv_end - kv_begin + kTokens - 1) / kTokens : 0;
+    const int vis_first = visible_keys(L, q_len, row0 / heads, causal);
+    const int mask_from = kv_end < vis_first ? kv_end : vis_first;
+    const int row_v = row < rows ? visible_keys(L, q_len, row / heads, causal) : 0;
+    const int row_limit = row_v < kv_end ? row_v : kv_end;
+
+    float m_run = neg_inf(), l_lane = 0.0f;  // l: this lane's share of the row sum
+    typename Atom::Acc o[kOTiles];
+#pragma unroll
+    for (int n = 0; n < kOTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+
+    if (n_tiles > 0) {
+      // Q^T: lane (g, q) holds dims 16 s + 4 g .. + 3 of row q for every k-step s.
+      typename Atom::FragB qf[kKSteps];
+      const Tq* qsrc = row < rows ? q_row(row) : nullptr;
+#pragma unroll
+      for (int s = 0; s < kKSteps; ++s) {
+        uint2 v = uint2{0, 0};
+        if (qsrc != nullptr) v = *reinterpret_cast<const uint2*>(qsrc + 16 * s + 4 * g);
+        qf[s].r[0] = v.x;
+        qf[s].r[1] = v.y;
+      }
+      const std::int32_t* table = page_table();
+      uint4 raw[kMaxChunks];
+      load_raw(raw, table, kv_begin, kv_end);
+      store_tile(raw);
+      block_sync();
+      for (int it = 0; it < n_tiles; ++it) {
+        const int kt = kv_begin + it * kTokens;
+        if (it + 1 < n_tiles) load_raw(raw, table, kt + kTokens, kv_end);  // in flight
+        if (wave_has_rows)
+          tile_step(qf, kt, kt + kTokens > mask_from, row_limit, m_run, l_lane, o, cs, g, q);
+        block_sync();  // every wave is done with the tile
+        if (it + 1 < n_tiles) {
+          store_tile(raw);
+          block_sync();
+        }
+      }
+    }
+    epilogue(pc, row, m_run, l_lane, o, cs, g);
+  }
+
+  __device__ void tile_step(const typename Atom::FragB (&qf)[kKSteps], int kt, bool need_mask,
+                            int row_limit, float& m_run, float& l_lane, typename Atom::Acc* o,
+                            int cs, int g, int q) const {
+    // S^T = K Q^T: two accumulators (even and odd k-steps) halve the dependent MFMA chain.
+    typename Atom::Acc s0 = {0.0f, 0.0f, 0.0f, 0.0f}, s1 = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int s = 0; s < kKSteps; ++s) {
+      typename Atom::FragA a;
+      const int pair = 8 * s + 2 * g;
+      a.r[0] = kv_tile[Layout::word(pair, q)];
+      a.r[1] = kv_tile[Layout::word(pair + 1, q)];
+      Atom::mma((s & 1) ? s1 : s0, a, qf[s]);
+    }
+    // Lane (g, q): keys kt + 4 g + e of row q, in base-2 units, masked.
+    float x[4], mt = neg_inf();
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      x[e] = (s0[e] + s1[e]) * p.scale_log2;
+      if (need_mask && kt + 4 * g + e >= row_limit) x[e] = neg_inf();
+      mt = fmaxf(mt, x[e]);
+    }
+    mt = fmaxf(mt, shfl_xor(mt, 16));
+    mt = fmaxf(mt, shfl_xor(mt, 32));
+    const float m_new = lazy_running_max(m_run, mt);
+    const float base = exp_base(m_new);
+    const float alpha = fast_exp2(m_run - base);
+    const bool moved = m_new != m_run;
+    m_run = m_new;
+    float pv[4], sum = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      pv[e] = fast_exp2(x[e] - base);
+      sum += pv[e];
+    }
+    l_lane = l_lane * alpha + sum;
+    if (moved) {  // else alpha is 1
+#pragma unroll
+      for (int n = 0; n < kOTiles; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[n][e] *= alpha;
+    }
+    // P^T as the B operand: keys 4 g .. 4 g + 3 of row q, exactly this lane's S^T elements.
+    typename Atom::FragB pb;
+    pb.r[0] = arch::pack2<T>(pv[0], pv[1]);
+    pb.r[1] = arch::pack2<T>(pv[2], pv[3]);
+    // O^T += V^T P^T: lane (g, q) reads keys 4 g .. 4 g + 3 of column c = c0 + q (one chunk of
+    // pair c / 2) and keeps the half of each word that holds c.
+    const int half = 16 * (q & 1);
+#pragma unroll
+    for (int n = 0; n < kOTiles; ++n) {
+      const int c = cs * kCols + 16 * n + q;
+      const uint4 w = *reinterpret_cast<const uint4*>(kv_tile + Layout::word(c >> 1, 4 * g));
+      typename Atom::FragA a;
+      a.r[0] = ((w.x >> half) & 0xFFFFu) | ((w.y >> half) << 16);
+      a.r[1] = ((w.z >> half) & 0xFFFFu) | ((w.w >> half) << 16);
+      Atom::mma(o[n], a, pb);
+    }
+  }
+
+  __device__ void epilogue(const Piece& pc, int row, float m_run, float l_lane,
+                           const typename Atom::Acc* o, int cs, int g) const {
+    float l = l_lane + shfl_xor(l_lane, 16);
+    l += shfl_xor(l, 32);
+    if (row >= rows) return;
+    const float inv = l > 0.0f ? p.out_scale / l : 0.0f;
+    Tq* dst = o_row(pc, row);
+    // Lane (g, q) holds columns c0 + 4 g .. + 3 of its row in every O^T tile.
+#pragma unroll
+    for (int n = 0; n < kOTiles; ++n) {
+      const int c = cs * kCols + 16 * n + 4 * g;
+      *reinterpret_cast<uint2*>(dst + c) =
+          make_uint2(arch::pack2<Tq>(o[n][0] * inv, o[n][1] * inv),
+                     arch::pack2<Tq>(o[n][2] * inv, o[n][3] * inv));
+    }
+    if (g == 0 && cs == 0) store_lse(pc, row, lse_from_state(m_run, l));
+  }
+};
+
+// The decode kernel's body for a CDNA policy: the same grid, plan and pieces as the other
+// mainloops (blockIdx.x: row tile, blockIdx.y: CTA of the plan).
+template <class Tr>
+__device__ void run_cdna_kernel(const KernelArgs& p, unsigned char* smem) {
+  const int row_tile = static_cast<int>(blockIdx.x);
+  const int cta = static_cast<int>(blockIdx.y);
+  using ML = CdnaMainloop<Tr>;
+  const CtaWork work =
+      p.self_plan ? plan_for_block<Tr::kThreads>(
+                        p, reinterpret_cast<RequestPlan*>(smem + Tr::kSmemBytes), row_tile, cta)
+                  : planned_work(p, cta);
+  ML ml(p, smem, row_tile);
+  if (ml.row0 >= ml.rows) return;
+  for (int b = work.cp.req_begin; b <= work.cp.req_end; ++b) {
+    ml.b = b;
+    const RequestPlan rq = work.requests[b];
+    ml.run(rq, piece_of(p.shape, rq, cta, work.per_cta));
+    block_sync();  // the LDS tile is reused by the next piece
+  }
+}
+
+}  // namespace mlakit::detail
+
+#endif  // MLAKIT_PLATFORM_HIP
