@@ -35,8 +35,8 @@ void put_value(MergeDType t, unsigned char* p, double v) {
     const float f = static_cast<float>(v);
     std::memcpy(p, &f, 4);
   } else {
-    const std::uint16_t h =
-        t == MergeDType::bf16 ? encode_bf16(static_cast<float>(v)) : encode_fp16(static_cast<float>(v));
+    const std::uint16_t h = t == MergeDType::bf16 ? encode_bf16(static_cast<float>(v))
+                                                  : encode_fp16(static_cast<float>(v));
     std::memcpy(p, &h, 2);
   }
 }
@@ -79,9 +79,9 @@ struct MergeProblem {
   }
   unsigned char* o_at(int p, int t, int h, int d) {
     const MergeArgs& a = host;
-    return part_o.data() + (p * a.part_o_stride_part + t * a.part_o_stride_token +
-                            h * a.part_o_stride_head + d) *
-                               merge_dtype_bytes(a.part_type);
+    return part_o.data() +
+           (p * a.part_o_stride_part + t * a.part_o_stride_token + h * a.part_o_stride_head + d) *
+               merge_dtype_bytes(a.part_type);
   }
   float& lse_at(int p, int t, int h) {
     const MergeArgs& a = host;
@@ -130,9 +130,9 @@ struct MergeProblem {
     for (int t = 0; t < a.num_tokens; ++t)
       for (int h = 0; h < a.num_heads; ++h)
         for (int d = 0; d < a.head_dim; ++d)
-          v[(std::size_t(t) * a.num_heads + h) * a.head_dim + d] =
-              get_value(a.out_type, out.data() + (t * a.out_stride_token + h * a.out_stride_head + d) *
-                                                     merge_dtype_bytes(a.out_type));
+          v[(std::size_t(t) * a.num_heads + h) * a.head_dim + d] = get_value(
+              a.out_type, out.data() + (t * a.out_stride_token + h * a.out_stride_head + d) *
+                                           merge_dtype_bytes(a.out_type));
     return v;
   }
   std::vector<double> lse_values(const std::vector<float>& lse) const {
@@ -248,8 +248,8 @@ TEST_CASE("merge_states: partials of 2..8 key ranges merge to the decode over th
     for (MergeDType o : kTypes) mixes.push_back({p, o, 3});
   for (int n : {2, 4, 5, 7, 8}) mixes.push_back({MergeDType::bf16, MergeDType::bf16, n});
   for (const Mix& mix : mixes) {
-    INFO(merge_dtype_name(mix.part) << " parts -> " << merge_dtype_name(mix.out) << ", "
-                                    << mix.parts << " parts");
+    INFO(merge_dtype_name(mix.part)
+         << " parts -> " << merge_dtype_name(mix.out) << ", " << mix.parts << " parts");
     MergeProblem M;
     M.init(mix.part, mix.out, mix.parts, tokens, a.num_heads, kHeadDimV);
     for (int b = 0; b < a.batch; ++b) {
@@ -316,8 +316,8 @@ TEST_CASE("merge_states: decode() of each shard of the pages, merged, is the dec
             const int first = n * s / shards, last = n * (s + 1) / shards;
             for (int i = first; i < last; ++i) indices.push_back(P.indices[P.indptr[b] + i]);
             indptr.push_back(static_cast<std::int32_t>(indices.size()));
-            lens.push_back(std::max(0, std::min(c.kv_lens[b], last * c.page_size) -
-                                           first * c.page_size));
+            lens.push_back(
+                std::max(0, std::min(c.kv_lens[b], last * c.page_size) - first * c.page_size));
           }
           if (indices.empty()) indices.push_back(0);
           DeviceBuffer d_indptr(indptr.size() * 4), d_indices(indices.size() * 4),
@@ -368,11 +368,10 @@ TEST_CASE("merge_states: many parts, head dims that leave a pass partial, one to
   struct Shape {
     int parts, tokens, heads, dim;
   };
-  for (const Shape& s : {Shape{1000, 2, 3, 512}, Shape{33, 5, 2, 8}, Shape{2, 3, 5, 1032},
-                         Shape{5, 1, 128, 512}, Shape{4096, 1, 1, 64}, Shape{1, 4, 4, 512},
-                         Shape{3, 700, 16, 128}}) {
-    INFO("parts " << s.parts << " tokens " << s.tokens << " heads " << s.heads << " dim "
-                  << s.dim);
+  for (const Shape& s :
+       {Shape{1000, 2, 3, 512}, Shape{33, 5, 2, 8}, Shape{2, 3, 5, 1032}, Shape{5, 1, 128, 512},
+        Shape{4096, 1, 1, 64}, Shape{1, 4, 4, 512}, Shape{3, 700, 16, 128}}) {
+    INFO("parts " << s.parts << " tokens " << s.tokens << " heads " << s.heads << " dim " << s.dim);
     MergeProblem M;
     M.init(MergeDType::fp32, MergeDType::fp32, s.parts, s.tokens, s.heads, s.dim);
     fill_random(M, 1000 + s.parts + s.dim, 0.1);

@@ -1,4 +1,4 @@
-// Host tests of merge_states()' argument checks (core/merge_args.hpp, api/merge_states.hpp) on
+// Host tests of merge_states()' argument checks (core/validate_merge.hpp, api/merge_states.hpp) on
 // a build without a GPU backend: every shape of the domain is accepted; every rejection is
 // invalid_argument with a message that names the argument, its value and the allowed range;
 // extreme values never overflow the checks; merge_states() answers with a Status (never aborts).
@@ -12,6 +12,7 @@
 #include "mlakit/api/merge_states.hpp"
 #include "mlakit/core/merge_args.hpp"
 #include "mlakit/core/status.hpp"
+#include "mlakit/core/validate_merge.hpp"
 
 using namespace mlakit;
 
@@ -62,9 +63,9 @@ TEST_CASE("merge_states: packed arguments of the domain are accepted", "[merge]"
               a.num_heads = heads;
               a.head_dim = dim;
               set_packed_strides(a);
-              INFO(merge_dtype_name(p) << " -> " << merge_dtype_name(o) << " parts " << parts
-                                       << " tokens " << tokens << " heads " << heads << " dim "
-                                       << dim);
+              INFO(merge_dtype_name(p)
+                   << " -> " << merge_dtype_name(o) << " parts " << parts << " tokens " << tokens
+                   << " heads " << heads << " dim " << dim);
               // Packed parts span N x T x H x D elements and the output T x H x D: past 2^62
               // bytes the stride of the outermost dimension that crosses the bound is named.
               const __int128 rows = __int128(tokens) * heads * dim;
@@ -81,12 +82,10 @@ TEST_CASE("merge_states: shapes and types outside the domain are named with thei
           "[merge]") {
   MergeArgs a = valid_args();
   a.part_type = static_cast<MergeDType>(3);
-  CHECK(rejection(a) ==
-        "part_type = 3: not in the supported domain (bf16, fp16 or fp32)");
+  CHECK(rejection(a) == "part_type = 3: not in the supported domain (bf16, fp16 or fp32)");
   a = valid_args();
   a.out_type = static_cast<MergeDType>(200);
-  CHECK(rejection(a) ==
-        "out_type = 200: not in the supported domain (bf16, fp16 or fp32)");
+  CHECK(rejection(a) == "out_type = 200: not in the supported domain (bf16, fp16 or fp32)");
   a = valid_args();
   a.num_parts = 0;
   CHECK(rejection(a) == "num_parts = 0: not in the supported domain (allowed 1..4096)");
@@ -94,8 +93,7 @@ TEST_CASE("merge_states: shapes and types outside the domain are named with thei
   CHECK(rejection(a) == "num_parts = 4097: not in the supported domain (allowed 1..4096)");
   a = valid_args();
   a.num_tokens = -1;
-  CHECK(rejection(a) ==
-        "num_tokens = -1: not in the supported domain (allowed 0..2147483647)");
+  CHECK(rejection(a) == "num_tokens = -1: not in the supported domain (allowed 0..2147483647)");
   a = valid_args();
   a.num_heads = 0;
   CHECK(rejection(a) == "num_heads = 0: not in the supported domain (allowed 1..65535)");
@@ -112,7 +110,8 @@ TEST_CASE("merge_states: shapes and types outside the domain are named with thei
 TEST_CASE("merge_states: pointers required when there are rows, aligned always", "[merge]") {
   MergeArgs a = valid_args();
   a.part_o = nullptr;
-  CHECK(rejection(a) == "part_o = null: not in the supported domain (a device pointer is required)");
+  CHECK(rejection(a) ==
+        "part_o = null: not in the supported domain (a device pointer is required)");
   a = valid_args();
   a.part_lse = nullptr;
   CHECK(rejection(a) ==
@@ -188,18 +187,17 @@ TEST_CASE("merge_states: output rows never overlap, in either order of strides",
 
   a = valid_args();
   a.out_stride_head = 256;
-  CHECK(rejection(a) == "out_stride_head = 256: not in the supported domain (at least 512 "
-                        "elements, a multiple of 8, at most 1152921504606846720)");
+  CHECK(rejection(a) ==
+        "out_stride_head = 256: not in the supported domain (at least 512 "
+        "elements, a multiple of 8, at most 1152921504606846720)");
   a = valid_args();
   a.out_stride_token = 512;  // heads of token t + 1 would overwrite token t
   CHECK(rejection(a).rfind(
-            "out_stride_token = 512: not in the supported domain (at least 1536 elements", 0) ==
-        0);
+            "out_stride_token = 512: not in the supported domain (at least 1536 elements", 0) == 0);
   a = valid_args();
   a.out_lse_stride_token = 1;  // the same slot as head 1 of token 0
   CHECK(rejection(a).rfind(
-            "out_lse_stride_token = 1: not in the supported domain (at least 3 elements", 0) ==
-        0);
+            "out_lse_stride_token = 1: not in the supported domain (at least 3 elements", 0) == 0);
   a = valid_args();
   a.out_lse_stride_head = a.out_lse_stride_token = 3;  // equal strides overlap
   CHECK(rejection(a).rfind("out_lse_stride_token = 3: not in the supported domain", 0) == 0);

@@ -12,4 +12,5 @@
 #include "core/plan.hpp"
 #include "core/status.hpp"
 #include "core/validate.hpp"
+#include "core/validate_merge.hpp"
 #include "platform/runtime.hpp"

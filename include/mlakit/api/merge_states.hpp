@@ -6,6 +6,7 @@
 // in a fixed order, so the result is bitwise repeatable.
 #include "../core/merge_args.hpp"
 #include "../core/status.hpp"
+#include "../core/validate_merge.hpp"
 #include "../kernel/merge_kernel.hpp"
 #include "../platform/runtime.hpp"
 

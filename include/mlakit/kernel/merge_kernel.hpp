@@ -15,6 +15,7 @@
 #include "../core/attention_math.hpp"
 #include "../core/merge_args.hpp"
 #include "../core/numeric.hpp"
+#include "../core/status.hpp"
 #include "../platform/intrinsics.hpp"
 #include "../platform/runtime.hpp"
 
@@ -24,9 +25,9 @@ namespace mlakit::detail {
 
 inline constexpr int kMergeThreads = 256;
 inline constexpr int kMergeWarps = kMergeThreads / kWarpSize;  // rows per block
-inline constexpr int kMergeVec = 8;                             // columns per lane and pass
-inline constexpr int kMergeCols = kMergeVec * kWarpSize;        // columns per warp and pass
-inline constexpr int kMergeUnroll = 4;                          // parts loaded together
+inline constexpr int kMergeVec = 8;                            // columns per lane and pass
+inline constexpr int kMergeCols = kMergeVec * kWarpSize;       // columns per warp and pass
+inline constexpr int kMergeUnroll = 4;                         // parts loaded together
 // Blocks of the grid at most; a larger problem has each warp take several rows in turn.
 inline constexpr std::int64_t kMergeMaxBlocks = std::int64_t(1) << 20;
 
@@ -90,8 +91,8 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(MergeArgs a
        row += step) {
     const std::int64_t t = row / a.num_heads, h = row - t * a.num_heads;
     const float* lse = a.part_lse + t * a.part_lse_stride_token + h * a.part_lse_stride_head;
-    const TP* po = static_cast<const TP*>(a.part_o) + t * a.part_o_stride_token +
-                   h * a.part_o_stride_head;
+    const TP* po =
+        static_cast<const TP*>(a.part_o) + t * a.part_o_stride_token + h * a.part_o_stride_head;
     // The row's largest LSE (empty parts count as -inf; a NaN is ignored here and poisons the
     // sum below).
     float m = neg_inf();
@@ -131,8 +132,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(MergeArgs a
         const float inv = st.inv_sum();
 #pragma unroll
         for (int j = 0; j < kMergeVec; ++j) acc[j] *= inv;
-        store8(static_cast<TO*>(a.out) + t * a.out_stride_token + h * a.out_stride_head + col,
-               acc);
+        store8(static_cast<TO*>(a.out) + t * a.out_stride_token + h * a.out_stride_head + col, acc);
       }
     }
     if (a.out_lse != nullptr && lane == 0)
@@ -161,10 +161,10 @@ inline Status launch_merge_out(const MergeArgs& a, Stream stream) {
     case MergeDType::fp32:
       return launch_merge_typed<P, MergeDType::fp32>(a, stream);
   }
-  return bad_arg("out_type", std::to_string(int(a.out_type)), "bf16, fp16 or fp32");
+  return Status(StatusCode::invalid_argument, "out_type: not bf16, fp16 or fp32");
 }
 
-// One launch for validated arguments with num_tokens > 0.
+// One launch for validated arguments (validate_merge()) with num_tokens > 0.
 inline Status launch_merge(const MergeArgs& a, Stream stream) {
   switch (a.part_type) {
     case MergeDType::bf16:
@@ -174,7 +174,7 @@ inline Status launch_merge(const MergeArgs& a, Stream stream) {
     case MergeDType::fp32:
       return launch_merge_out<MergeDType::fp32>(a, stream);
   }
-  return bad_arg("part_type", std::to_string(int(a.part_type)), "bf16, fp16 or fp32");
+  return Status(StatusCode::invalid_argument, "part_type: not bf16, fp16 or fp32");
 }
 
 }  // namespace mlakit::detail
