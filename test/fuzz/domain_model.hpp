@@ -4,6 +4,7 @@
 // (test/fuzz/fuzz_validate.cpp): which fields of a call are outside the domain, computed in
 // exact 128-bit arithmetic straight from the table's formulas. check_host_api() runs every host
 // entry point on one call and compares them with this model and with each other.
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -117,7 +118,9 @@ inline Violations domain_violations(const mlakit::DecodeArgs& a) {
 
   const bool req = a.batch > 0;
   pointer_rule("q", a.q, 16, req, v);
-  pointer_rule("kv", a.kv, 16, req, v);
+  // kv may be null where CSR page ids have no kv_indices: no request has a page to read.
+  pointer_rule("kv", a.kv, 16,
+               req && !(a.page_ids == mlakit::PageIds::csr && a.kv_indices == nullptr), v);
   pointer_rule("out", a.out, 16, req, v);
   pointer_rule("kv_len", a.kv_len, 4, req, v);
   pointer_rule("lse", a.lse, 4, false, v);
@@ -142,12 +145,19 @@ inline Violations domain_violations(const mlakit::DecodeArgs& a) {
        {"o_stride_batch", a.o_stride_batch, B, at_least_0(T - 1) * a.o_stride_token + o_tok}},
       512, 2, 8, v);
   if (a.lse != nullptr) {
-    const i128 l_tok = at_least_0(H - 1) * a.lse_stride_head + 1;
-    tensor_rules({{"lse_stride_head", a.lse_stride_head, H, 1},
-                  {"lse_stride_token", a.lse_stride_token, T, l_tok},
-                  {"lse_stride_batch", a.lse_stride_batch, B,
-                   at_least_0(T - 1) * a.lse_stride_token + l_tok}},
-                 1, 4, 1, v);
+    // LSE: rows of one float, its dimensions in any order of strides (smallest first, ties in
+    // the order head, token, batch), each at least the span of those before it.
+    std::vector<Dim> l = {{"lse_stride_head", a.lse_stride_head, H, 0},
+                          {"lse_stride_token", a.lse_stride_token, T, 0},
+                          {"lse_stride_batch", a.lse_stride_batch, B, 0}};
+    std::stable_sort(l.begin(), l.end(),
+                     [](const Dim& x, const Dim& y) { return x.stride < y.stride; });
+    i128 span = 1;
+    for (Dim& d : l) {
+      d.min = span;
+      span += at_least_0(d.extent - 1) * d.stride;
+    }
+    tensor_rules(l, 1, 4, 1, v);
   }
 
   if (ids == 0) {  // block table

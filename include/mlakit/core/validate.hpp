@@ -128,10 +128,13 @@ namespace detail {
 // validate_page_ids().
 inline Status validate_pointers(const DecodeArgs& a) {
   const bool required = a.batch > 0;
+  // KV is reached through page ids only: CSR ids without a kv_indices array give no request a
+  // page (page_capacity() is 0), so there an empty cache (null kv) is never read either.
+  const bool kv_read = required && !(a.page_ids == PageIds::csr && a.kv_indices == nullptr);
   Status s;
   // Q, KV and O rows move in 16-byte pieces; LSE and kv_len are read and written as 4 bytes.
   if (!(s = check_pointer("q", a.q, 16, required)) ||
-      !(s = check_pointer("kv", a.kv, 16, required)) ||
+      !(s = check_pointer("kv", a.kv, 16, kv_read)) ||
       !(s = check_pointer("out", a.out, 16, required)) ||
       !(s = check_pointer("kv_len", a.kv_len, 4, required)) ||
       !(s = check_pointer("lse", a.lse, 4, false)))
@@ -141,8 +144,8 @@ inline Status validate_pointers(const DecodeArgs& a) {
 
 // Strides of Q, KV, O and (when lse is given) LSE. Rows are read and written in 16-byte pieces,
 // so the strides keep every row 16-byte aligned. Outputs must not overlap: each stride of O
-// and LSE covers the dimensions inside it. Every tensor spans at most kMaxSpanBytes; KV for
-// every page id up to kMaxPageId.
+// covers the dimensions inside it, and so does each of LSE, in the order of its strides. Every
+// tensor spans at most kMaxSpanBytes; KV for every page id up to kMaxPageId.
 inline Status validate_strides(const DecodeArgs& a) {
   Status s;
   const std::int64_t q_bytes = std::int64_t(dtype_bytes(a.q_type));
@@ -165,11 +168,26 @@ inline Status validate_strides(const DecodeArgs& a) {
     return s;
 
   if (a.lse == nullptr) return Status::ok();  // not written: its strides are unused
+  // LSE rows are single floats, so its dimensions may come in any order of strides (FlashMLA
+  // keeps LSE as [batch, heads, q_len]): checked from the smallest stride up (ties in the order
+  // head, token, batch), each covering the span of those before it.
+  struct LseDim {
+    const char* name;
+    std::int64_t stride;
+    std::int64_t extent;
+  };
+  LseDim d[3] = {{"lse_stride_head", a.lse_stride_head, a.num_heads},
+                 {"lse_stride_token", a.lse_stride_token, a.q_len},
+                 {"lse_stride_batch", a.lse_stride_batch, a.batch}};
+  for (int i = 1; i < 3; ++i)  // stable insertion sort by stride
+    for (int j = i; j > 0 && d[j].stride < d[j - 1].stride; --j) {
+      const LseDim t = d[j];
+      d[j] = d[j - 1];
+      d[j - 1] = t;
+    }
   SpanCheck l(1, sizeof(float));
-  if (!(s = l.dim("lse_stride_head", a.lse_stride_head, a.num_heads, l.span(), 1)) ||
-      !(s = l.dim("lse_stride_token", a.lse_stride_token, a.q_len, l.span(), 1)) ||
-      !(s = l.dim("lse_stride_batch", a.lse_stride_batch, a.batch, l.span(), 1)))
-    return s;
+  for (const LseDim& x : d)
+    if (!(s = l.dim(x.name, x.stride, x.extent, l.span(), 1))) return s;
   return Status::ok();
 }
 
