@@ -1,10 +1,20 @@
 #!/usr/bin/env python3
 """Times torch.ops.mlakit.decode against the MLA decode kernels of whichever peers are
-installed (FlashMLA, FlashInfer), with one harness and the same inputs, on this GPU.
+installed (FlashMLA, FlashInfer), and against mlakit's own adapters for their interfaces
+(mlakit.flashmla, mlakit.flashinfer), with one harness and the same inputs, on this GPU.
 
     python bench/torch_bench.py                          # 16 heads, q_len 1 2 4 8, bf16 cache
     python bench/torch_bench.py --kv-dtype fp8 --batch 64 --kv-len 4096 --q-len 1 8
+    python bench/torch_bench.py --batch 1 --peers mlakit adapters --rounds 2   # adapter overhead
     python bench/torch_bench.py --json results.json
+
+Rows: `mlakit` is torch.ops.mlakit.decode with preallocated out and lse; `mla-flashmla` is
+mlakit.flashmla.flash_mla_with_kvcache as an engine calls it (FlashMLA's +inf LSE for an empty
+row: one in-place pass over the LSE), `mla-flashmla-ninf` the same with empty_lse=-inf (the op's
+kernels only); `mla-flashinfer` is mlakit.flashinfer's run() with q_nope / q_pe and the cache
+parts as views of one tensor, out and a natural-log lse preallocated (the op's kernels only).
+`--peers adapters` names the three adapter rows. With --rounds N the whole sweep runs N times,
+so the spread of the op's own time between rounds shows the run-to-run noise.
 
 Each kernel runs the same problem: batch requests of kv-len cached tokens (causal, the q_len
 new tokens included), a paged latent cache (576 values per token) with a shuffled block table.
@@ -90,7 +100,47 @@ def setup_flashinfer(t, kv_scale):
     return call
 
 
-PEERS = {"mlakit": setup_mlakit, "flashmla": setup_flashmla, "flashinfer": setup_flashinfer}
+def setup_adapter_flashmla(t, kv_scale, empty_lse=math.inf):
+    from mlakit import flashmla
+    q, k_cache = t["q"], t["kv"].unsqueeze(2)
+    meta, splits = flashmla.get_mla_metadata(t["lens"], q.shape[1] * q.shape[2], 1)
+
+    def call():
+        return flashmla.flash_mla_with_kvcache(q, k_cache, t["table"], t["lens"], 512, meta, splits,
+                                               softmax_scale=t["scale"], causal=True, kv_scale=kv_scale,
+                                               empty_lse=empty_lse)[0]
+    return call
+
+
+def setup_adapter_flashmla_ninf(t, kv_scale):
+    return setup_adapter_flashmla(t, kv_scale, empty_lse=-math.inf)
+
+
+def setup_adapter_flashinfer(t, kv_scale):
+    from mlakit.flashinfer import BatchMLAPagedAttentionWrapper
+    q, kv, table = t["q"], t["kv"], t["table"]
+    batch, q_len, heads, _ = q.shape
+    w = BatchMLAPagedAttentionWrapper(None)
+    qo_indptr = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * q_len
+    kv_indptr = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * table.shape[1]
+    w.plan(qo_indptr, kv_indptr, table.flatten().contiguous(), t["lens"], heads, 512, 64, kv.shape[1],
+           q_len > 1, t["scale"], q.dtype, kv.dtype)
+    qf = q.reshape(batch * q_len, heads, 576)  # q_nope and q_pe as views of one tensor (SGLang)
+    out = torch.empty(batch * q_len, heads, 512, dtype=q.dtype, device="cuda")
+    lse = torch.empty(batch * q_len, heads, device="cuda")
+    scales = dict(ckv_scale=kv_scale, kpe_scale=kv_scale) if kv.dtype == torch.float8_e4m3fn else {}
+
+    def call():
+        w.run(qf[..., :512], qf[..., 512:], kv[..., :512], kv[..., 512:], out=out, lse=lse,
+              return_lse=True, return_lse_base_on_e=True, **scales)
+        return out.view(batch, q_len, heads, 512)
+    return call
+
+
+PEERS = {"mlakit": setup_mlakit, "mla-flashmla": setup_adapter_flashmla,
+         "mla-flashmla-ninf": setup_adapter_flashmla_ninf, "mla-flashinfer": setup_adapter_flashinfer,
+         "flashmla": setup_flashmla, "flashinfer": setup_flashinfer}
+ADAPTERS = ["mla-flashmla", "mla-flashmla-ninf", "mla-flashinfer"]
 
 
 def time_calls(call, iters, reps):
@@ -137,39 +187,52 @@ def main():
     p.add_argument("--kv-len", type=int, default=8192)
     p.add_argument("--page-size", type=int, default=64)
     p.add_argument("--kv-dtype", choices=["bf16", "fp8"], default="bf16")
-    p.add_argument("--peers", nargs="+", default=list(PEERS), choices=list(PEERS))
+    p.add_argument("--peers", nargs="+", default=list(PEERS), choices=list(PEERS) + ["adapters"],
+                   help="rows to time; 'adapters' names " + ", ".join(ADAPTERS))
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=1, help="repeat the whole sweep (run-to-run noise)")
     p.add_argument("--json", help="also write the results to this file")
     a = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("no CUDA GPU")
+    peers = []
+    for name in a.peers:
+        for n in (ADAPTERS if name == "adapters" else [name]):
+            if n not in peers:
+                peers.append(n)
     print(f"{torch.cuda.get_device_name()}; batch {a.batch}, {a.heads} heads, kv_len {a.kv_len}, "
           f"page {a.page_size}, bf16 Q, {a.kv_dtype} cache, causal")
-    print(f"{'q_len':>5}  {'kernel':<10} {'us':>9} {'TB/s':>6} {'TFLOP/s':>8}  vs mlakit")
+    print(f"{'round':>5} {'q_len':>5}  {'kernel':<18} {'us':>9} {'TB/s':>6} {'TFLOP/s':>8}  vs mlakit")
     results = []
-    for q_len in a.q_len:
-        t = make_inputs(a.batch, q_len, a.heads, a.kv_len, a.page_size, a.kv_dtype)
-        kv_bytes = a.batch * a.kv_len * 576 * t["kv"].element_size()
-        flops = 2 * a.batch * q_len * a.heads * a.kv_len * (576 + 512)
-        base = None
-        for name in a.peers:
-            row = dict(q_len=q_len, kernel=name)
-            try:
-                call = PEERS[name](t, 1.0)
-                out = call().float()
-                torch.cuda.synchronize()
-                if base is None and name == "mlakit":
-                    base = out
-                us, mode = time_calls(call, a.iters, a.reps)
-                diff = ((out - base).norm() / base.norm()).item() if base is not None and name != "mlakit" else 0.0
-                row.update(us=us, timing=mode, tb_s=kv_bytes / us / 1e6, tflop_s=flops / us / 1e6, rel_l2_vs_mlakit=diff)
-                print(f"{q_len:>5}  {name:<10} {us:>9.1f} {row['tb_s']:>6.2f} {row['tflop_s']:>8.1f}  "
-                      f"{'' if name == 'mlakit' else f'rel L2 {diff:.2e}'}{'' if mode == 'graph' else ' (not capturable: plain launches)'}")
-            except Exception as e:  # a missing or refusing peer is a result too
-                row["error"] = f"{type(e).__name__}: {e}"
-                print(f"{q_len:>5}  {name:<10} {'n/a':>9}  ({row['error'][:100]})")
-            results.append(row)
+    kv_scale = 0.5 if a.kv_dtype == "fp8" else 1.0
+    for rnd in range(a.rounds):
+        for q_len in a.q_len:
+            t = make_inputs(a.batch, q_len, a.heads, a.kv_len, a.page_size, a.kv_dtype)
+            kv_bytes = a.batch * a.kv_len * 576 * t["kv"].element_size()
+            flops = 2 * a.batch * q_len * a.heads * a.kv_len * (576 + 512)
+            base = base_us = None
+            for name in peers:
+                row = dict(round=rnd, q_len=q_len, kernel=name)
+                try:
+                    call = PEERS[name](t, kv_scale)
+                    out = call().float()
+                    torch.cuda.synchronize()
+                    if base is None and name == "mlakit":
+                        base = out
+                    us, mode = time_calls(call, a.iters, a.reps)
+                    if name == "mlakit":
+                        base_us = us
+                    diff = ((out - base).norm() / base.norm()).item() if base is not None and name != "mlakit" else 0.0
+                    row.update(us=us, timing=mode, tb_s=kv_bytes / us / 1e6, tflop_s=flops / us / 1e6,
+                               rel_l2_vs_mlakit=diff)
+                    vs = "" if name == "mlakit" or base_us is None else f"x{us / base_us:.3f}, rel L2 {diff:.2e}"
+                    print(f"{rnd:>5} {q_len:>5}  {name:<18} {us:>9.1f} {row['tb_s']:>6.2f} {row['tflop_s']:>8.1f}  "
+                          f"{vs}{'' if mode == 'graph' else ' (not capturable: plain launches)'}")
+                except Exception as e:  # a missing or refusing peer is a result too
+                    row["error"] = f"{type(e).__name__}: {e}"
+                    print(f"{rnd:>5} {q_len:>5}  {name:<18} {'n/a':>9}  ({row['error'][:100]})")
+                results.append(row)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), args=vars(a), results=results), f, indent=1)

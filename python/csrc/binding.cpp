@@ -1,8 +1,8 @@
-// Python binding of mlakit::decode(): fills mlakit::DecodeArgs from PyTorch tensors (shapes,
-// dtypes and strides taken from the tensors themselves) and launches on the current PyTorch
-// CUDA stream of the tensors' device. Every failure comes back to Python as a
-// (code, code name, message) triple, never as a C++ exception or an abort; the Python layer
-// (mlakit/_op.py) turns it into an exception with the same message.
+// Python binding of mlakit::decode() and mlakit::merge_states(): fills mlakit::DecodeArgs or
+// mlakit::MergeArgs from PyTorch tensors (shapes, dtypes and strides taken from the tensors
+// themselves) and launches on the current PyTorch CUDA stream of the tensors' device. Every failure
+// comes back to Python as a (code, code name, message) triple, never as a C++ exception or an
+// abort; the Python layer (mlakit/_op.py) turns it into an exception with the same message.
 #include <torch/extension.h>
 
 #include <c10/cuda/CUDAGuard.h>
@@ -220,6 +220,92 @@ Result decode(const at::Tensor& q, const at::Tensor& kv_cache,
   }
 }
 
+bool to_merge_dtype(at::ScalarType t, mlakit::MergeDType* out) {
+  switch (t) {
+    case at::kBFloat16:
+      *out = mlakit::MergeDType::bf16;
+      return true;
+    case at::kHalf:
+      *out = mlakit::MergeDType::fp16;
+      return true;
+    case at::kFloat:
+      *out = mlakit::MergeDType::fp32;
+      return true;
+    default:
+      return false;
+  }
+}
+
+// mlakit::merge_states(): part_o [N, T, H, D], part_lse [N, T, H] float32, out [T, H, D],
+// out_lse [T, H] float32 or None; strides from the tensors (the library checks them).
+Result merge_states(const at::Tensor& part_o, const at::Tensor& part_lse, const at::Tensor& out,
+                    const std::optional<at::Tensor>& out_lse) {
+  if (!part_o.defined() || !part_o.is_cuda())
+    return to_result(bad("part_o: must be a CUDA tensor"));
+  const at::Device dev = part_o.device();
+  Status s = check_tensor("part_o", part_o, dev, 4);
+  if (s) s = check_tensor("part_lse", part_lse, dev, 3);
+  if (s) s = check_tensor("out", out, dev, 3);
+  if (!s) return to_result(s);
+  mlakit::MergeArgs a;
+  if (!to_merge_dtype(part_o.scalar_type(), &a.part_type))
+    return to_result(bad("part_o: dtype must be bfloat16, float16 or float32"));
+  if (!to_merge_dtype(out.scalar_type(), &a.out_type))
+    return to_result(bad("out: dtype must be bfloat16, float16 or float32"));
+  if (part_lse.scalar_type() != at::kFloat)
+    return to_result(bad("part_lse: dtype must be float32"));
+  constexpr int64_t kIntMax = 0x7fffffff;
+  for (int64_t i = 0; i < 4; ++i)
+    if (part_o.size(i) > kIntMax)
+      return to_result(
+          bad("part_o has shape " + shape_of(part_o) + ": dimensions beyond the int range"));
+  if (part_lse.size(0) != part_o.size(0) || part_lse.size(1) != part_o.size(1) ||
+      part_lse.size(2) != part_o.size(2))
+    return to_result(bad("part_lse has shape " + shape_of(part_lse) +
+                         ": expected part_o's first three dimensions"));
+  if (out.size(0) != part_o.size(1) || out.size(1) != part_o.size(2) ||
+      out.size(2) != part_o.size(3))
+    return to_result(
+        bad("out has shape " + shape_of(out) + ": expected [tokens, heads, head_dim] of part_o"));
+  if ((part_o.size(3) > 1 && part_o.stride(3) != 1) || (out.size(2) > 1 && out.stride(2) != 1))
+    return to_result(bad("part_o and out: the last dimension must be contiguous"));
+  a.num_parts = static_cast<int>(part_o.size(0));
+  a.num_tokens = static_cast<int>(part_o.size(1));
+  a.num_heads = static_cast<int>(part_o.size(2));
+  a.head_dim = static_cast<int>(part_o.size(3));
+  a.part_o = part_o.data_ptr();
+  a.part_o_stride_part = part_o.stride(0);
+  a.part_o_stride_token = part_o.stride(1);
+  a.part_o_stride_head = part_o.stride(2);
+  a.part_lse = part_lse.data_ptr<float>();
+  a.part_lse_stride_part = part_lse.stride(0);
+  a.part_lse_stride_token = part_lse.stride(1);
+  a.part_lse_stride_head = part_lse.stride(2);
+  a.out = out.data_ptr();
+  a.out_stride_token = out.stride(0);
+  a.out_stride_head = out.stride(1);
+  if (out_lse.has_value() && out_lse->defined()) {
+    if (!(s = check_tensor("out_lse", *out_lse, dev, 2))) return to_result(s);
+    if (out_lse->scalar_type() != at::kFloat)
+      return to_result(bad("out_lse: dtype must be float32"));
+    if (out_lse->size(0) != out.size(0) || out_lse->size(1) != out.size(1))
+      return to_result(
+          bad("out_lse has shape " + shape_of(*out_lse) + ": expected [tokens, heads]"));
+    a.out_lse = out_lse->data_ptr<float>();
+    a.out_lse_stride_token = out_lse->stride(0);
+    a.out_lse_stride_head = out_lse->stride(1);
+  }
+  try {
+    const c10::cuda::CUDAGuard guard(dev);
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev.index()).stream();
+    char message[mlakit_torch::kMessageCapacity] = {};
+    const int code = mlakit_torch::run_merge_states(a, stream, message, sizeof(message));
+    return from_bridge(code, message);
+  } catch (const c10::Error& e) {
+    return to_result(Status(StatusCode::runtime_error, e.what_without_backtrace()));
+  }
+}
+
 // Workspace bytes for `batch` requests of `rows` rows (heads x q_len) each: the size depends
 // on these, the split mode and the device only.
 std::tuple<int64_t, int, std::string, std::string> workspace_bytes(int64_t batch, int64_t rows,
@@ -270,6 +356,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("kv_indices"), py::arg("kv_len"), py::arg("out"), py::arg("lse"),
         py::arg("workspace"), py::arg("softmax_scale"), py::arg("kv_scale"), py::arg("causal"),
         py::arg("split_mode"), py::arg("num_splits"));
+  m.def("merge_states", &merge_states,
+        "mlakit::merge_states() on the current CUDA stream; returns (code, name, message)",
+        py::arg("part_o"), py::arg("part_lse"), py::arg("out"), py::arg("out_lse"));
   m.def("workspace_bytes", &workspace_bytes,
         "mlakit::workspace_bytes(); returns (bytes, code, name, message)", py::arg("batch"),
         py::arg("rows"), py::arg("split_mode"), py::arg("num_splits"), py::arg("device_index"));

@@ -24,6 +24,11 @@ int run_decode(const mlakit::DecodeArgs& a, void* workspace, std::size_t bytes, 
                 capacity);
 }
 
+int run_merge_states(const mlakit::MergeArgs& a, void* stream, char* message,
+                     std::size_t capacity) {
+  return report(mlakit::merge_states(a, static_cast<cudaStream_t>(stream)), message, capacity);
+}
+
 int query_workspace_bytes(const mlakit::DecodeArgs& a, std::int64_t* bytes, char* message,
                           std::size_t capacity) {
   mlakit::DeviceInfo dev;

@@ -5,6 +5,9 @@ torch.ops.mlakit.decode.
     out, lse = mlakit.decode(q, kv_cache, kv_len, block_table=block_table,
                              softmax_scale=scale, return_lse=True)
 
+mlakit.merge_states merges partial results (O, LSE) computed over separate parts of the keys
+(context-parallel decode, cascade attention), as torch.ops.mlakit.merge_states.
+
 Adapters: mlakit.flashmla (FlashMLA's get_mla_metadata / flash_mla_with_kvcache) and
 mlakit.flashinfer (FlashInfer's BatchMLAPagedAttentionWrapper, as SGLang and vLLM call it).
 See docs/integration.md in the repository.
@@ -13,17 +16,18 @@ import torch
 
 from . import _ext
 from ._checks import (HEAD_DIM_QK, HEAD_DIM_V, KV_DTYPES, MAX_BATCH, MAX_HEADS, MAX_PAGE_SIZE,
-                      MAX_Q_LEN, MAX_SPLITS, Q_DTYPES, ArgumentError, Error)
-from ._op import decode_op  # noqa: F401  (importing it registers torch.ops.mlakit.decode)
+                      MAX_Q_LEN, MAX_SPLITS, MERGE_DTYPES, Q_DTYPES, ArgumentError, Error)
+from ._op import decode_op, merge_states_op  # noqa: F401  (importing it registers the ops)
 from ._workspace import release_workspaces, workspace
-from .reference import decode_reference
+from .reference import decode_reference, merge_states_reference
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "decode", "decode_reference", "workspace", "release_workspaces", "join_latent_cache", "join_q",
-    "has_cuda_extension", "Error", "ArgumentError", "HEAD_DIM_QK", "HEAD_DIM_V", "MAX_HEADS",
-    "MAX_Q_LEN", "MAX_PAGE_SIZE", "MAX_SPLITS", "MAX_BATCH", "Q_DTYPES", "KV_DTYPES",
+    "decode", "decode_reference", "merge_states", "merge_states_reference", "workspace",
+    "release_workspaces", "join_latent_cache", "join_q", "has_cuda_extension", "Error",
+    "ArgumentError", "HEAD_DIM_QK", "HEAD_DIM_V", "MAX_HEADS", "MAX_Q_LEN", "MAX_PAGE_SIZE",
+    "MAX_SPLITS", "MAX_BATCH", "Q_DTYPES", "KV_DTYPES", "MERGE_DTYPES",
 ]
 
 
@@ -60,6 +64,33 @@ def decode(q, kv_cache, kv_len, *, block_table=None, kv_indptr=None, kv_indices=
     torch.ops.mlakit.decode(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
                             softmax_scale, kv_scale, causal, split, num_splits, workspace)
     return (out, lse) if lse is not None else out
+
+
+def merge_states(part_o, part_lse, *, out=None, out_lse=None, return_lse=False, out_dtype=None):
+    """Merges N partial attention results per row into one; returns out, or (out, lse) when
+    return_lse or out_lse is given.
+
+    part_o     [N, tokens, heads, D] bf16, fp16 or fp32: each part's output, normalised by its
+               own softmax sum (what decode() writes for its part of the keys); D 8..16384, a
+               multiple of 8; N 1..4096
+    part_lse   [N, tokens, heads] float32, natural log; -inf (or FlashMLA's +inf) marks an empty
+               part, whose O is not read
+    out        [tokens, heads, D] (dtype out_dtype, default part_o's), out_lse [tokens, heads]
+               float32: sum_p exp(lse_p - lse) o_p and lse = log sum_p exp(lse_p); O = 0 and
+               LSE = -inf for a row whose parts are all empty
+    Parts are added in increasing order, so the result is bitwise repeatable; strides come from
+    the tensors (out_lse may be [heads, tokens] transposed, say). One kernel, no allocation
+    inside: capture-safe.
+    """
+    if out is None:
+        if not isinstance(part_o, torch.Tensor) or part_o.dim() != 4:
+            shape = list(part_o.shape) if isinstance(part_o, torch.Tensor) else type(part_o).__name__
+            raise ArgumentError(f"part_o has shape {shape}: expected [parts, tokens, heads, head_dim]")
+        out = part_o.new_empty(part_o.shape[1:], dtype=out_dtype or part_o.dtype)
+    if return_lse and out_lse is None:
+        out_lse = torch.empty(out.shape[:2], dtype=torch.float32, device=out.device)
+    torch.ops.mlakit.merge_states(part_o, part_lse, out, out_lse)
+    return (out, out_lse) if out_lse is not None else out
 
 
 def _adjacent(first, second, offset):

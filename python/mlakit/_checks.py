@@ -149,3 +149,46 @@ def check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, o
         _tensor("workspace", workspace, device, (1,))
         if not workspace.is_contiguous():
             raise ArgumentError("workspace: must be contiguous")
+
+
+# ---- merge_states ------------------------------------------------------------------------------
+
+MERGE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+MAX_MERGE_PARTS = 4096
+MAX_MERGE_TOKENS = 2147483647
+MAX_MERGE_HEADS = 65535
+MAX_MERGE_HEAD_DIM = 16384
+MERGE_HEAD_DIM_MULTIPLE = 8
+
+
+def check_merge_args(part_o, part_lse, out, out_lse):
+    """Raises ArgumentError for a merge_states call the op does not accept (shapes, dtypes,
+    devices, ranges; the library checks strides and alignment again)."""
+    if not isinstance(part_o, torch.Tensor):
+        raise ArgumentError(f"part_o: a tensor is required, got {type(part_o).__name__}")
+    device = part_o.device
+    names = "torch.bfloat16, torch.float16, torch.float32"
+    _tensor("part_o", part_o, device, (4,), MERGE_DTYPES, names)
+    parts, tokens, heads, dim = part_o.shape
+    _check_range("num_parts", parts, 1, MAX_MERGE_PARTS)
+    _check_range("num_tokens", tokens, 0, MAX_MERGE_TOKENS)
+    _check_range("num_heads", heads, 1, MAX_MERGE_HEADS)
+    if not (MERGE_HEAD_DIM_MULTIPLE <= dim <= MAX_MERGE_HEAD_DIM
+            and dim % MERGE_HEAD_DIM_MULTIPLE == 0):
+        raise _domain("head_dim", dim, f"{MERGE_HEAD_DIM_MULTIPLE}..{MAX_MERGE_HEAD_DIM}, a multiple of "
+                      f"{MERGE_HEAD_DIM_MULTIPLE}")
+    if part_o.stride(3) != 1:
+        raise ArgumentError(f"part_o: the last dimension must be contiguous (stride {part_o.stride(3)})")
+    _tensor("part_lse", part_lse, device, (3,), (torch.float32,), "torch.float32")
+    if tuple(part_lse.shape) != (parts, tokens, heads):
+        raise ArgumentError(f"part_lse has shape {_shape(part_lse)}: expected "
+                            f"{[parts, tokens, heads]} (part_o's first three dimensions)")
+    _tensor("out", out, device, (3,), MERGE_DTYPES, names)
+    if tuple(out.shape) != (tokens, heads, dim):
+        raise ArgumentError(f"out has shape {_shape(out)}: expected {[tokens, heads, dim]}")
+    if out.stride(2) != 1:
+        raise ArgumentError(f"out: the last dimension must be contiguous (stride {out.stride(2)})")
+    if out_lse is not None:
+        _tensor("out_lse", out_lse, device, (2,), (torch.float32,), "torch.float32")
+        if tuple(out_lse.shape) != (tokens, heads):
+            raise ArgumentError(f"out_lse has shape {_shape(out_lse)}: expected {[tokens, heads]}")

@@ -1,5 +1,6 @@
-"""torch.ops.mlakit.decode: the op's schema, fake (meta) implementation, CUDA implementation
-(the compiled extension) and CPU implementation (the float32 reference).
+"""torch.ops.mlakit.decode and torch.ops.mlakit.merge_states: each op's schema, fake (meta)
+implementation, CUDA implementation (the compiled extension) and CPU implementation (the
+float32 reference).
 
 Schema (mutable outputs, nothing returned):
 
@@ -8,16 +9,19 @@ Schema (mutable outputs, nothing returned):
                    float softmax_scale, float kv_scale=1., bool causal=True,
                    str split_mode="auto", int num_splits=0, Tensor(c!)? workspace=None) -> ()
 
-The op writes `out` (and `lse` when given) in place, so engines keep their own output
-buffers and CUDA graphs see fixed addresses; mlakit.decode() is the functional wrapper that
-allocates them. The workspace is scratch: pass one, or leave None to use the per-device
-cache of mlakit._workspace.
+    mlakit::merge_states(Tensor part_o, Tensor part_lse, Tensor(a!) out,
+                         Tensor(b!)? out_lse=None) -> ()
+
+The ops write `out` (and `lse` / `out_lse` when given) in place, so engines keep their own
+output buffers and CUDA graphs see fixed addresses; mlakit.decode() and mlakit.merge_states()
+are the functional wrappers that allocate them. The decode workspace is scratch: pass one, or
+leave None to use the per-device cache of mlakit._workspace.
 """
 import torch
 
 from . import _ext, _workspace
-from ._checks import SPLIT_MODES, check_decode_args
-from .reference import decode_reference
+from ._checks import SPLIT_MODES, check_decode_args, check_merge_args
+from .reference import decode_reference, merge_states_reference
 
 _SCHEMA = ("(Tensor q, Tensor kv_cache, Tensor? block_table, Tensor? kv_indptr, Tensor? kv_indices, "
            "Tensor kv_len, Tensor(a6!) out, Tensor(a7!)? lse, float softmax_scale, float kv_scale=1., "
@@ -33,35 +37,39 @@ _MUTATED = ("out", "lse", "workspace")
 # usual call) failed there with "IndexError: tuple index out of range", however the caller
 # passed it. The kernel below looks only at the arguments it was given.
 _lib = torch.library.Library("mlakit", "FRAGMENT")
-_lib.define("decode" + _SCHEMA, tags=(torch.Tag.pt2_compliant_tag,))
-_MUTATED_INDEX = tuple(i for i, a in enumerate(torch.ops.mlakit.decode.default._schema.arguments)
-                       if a.name in _MUTATED)
 _AFTER_AD_INPLACE_OR_VIEW = torch._C._after_ADInplaceOrView_keyset
 _AFTER_AUTOGRAD = torch._C._after_autograd_keyset
 
 
-def _decode_ad_inplace_or_view(keyset, *args, **kwargs):
-    """Bumps the version counters of the written tensors (out, lse, workspace) that the call
-    has, then goes on to the device kernel; the dispatcher passes positional arguments in
-    args, without trailing ones left at their defaults."""
-    written = [args[i] for i in _MUTATED_INDEX if i < len(args)]
-    written += [kwargs[name] for name in _MUTATED if name in kwargs]
-    tensors = [t for t in written if isinstance(t, torch.Tensor)]
-    if tensors:
-        torch.autograd.graph.increment_version(tensors)
-    return torch.ops.mlakit.decode.default.redispatch(keyset & _AFTER_AD_INPLACE_OR_VIEW, *args, **kwargs)
+def _define(name, schema, mutated):
+    """Defines op `name` with its ADInplaceOrView and Autograd kernels; returns the overload."""
+    _lib.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
+    op = getattr(torch.ops.mlakit, name).default
+    index = tuple(i for i, a in enumerate(op._schema.arguments) if a.name in mutated)
+
+    def ad_inplace_or_view(keyset, *args, **kwargs):
+        """Bumps the version counters of the written tensors that the call has, then goes on
+        to the device kernel; the dispatcher passes positional arguments in args, without
+        trailing ones left at their defaults."""
+        written = [args[i] for i in index if i < len(args)]
+        written += [kwargs[n] for n in mutated if n in kwargs]
+        tensors = [t for t in written if isinstance(t, torch.Tensor)]
+        if tensors:
+            torch.autograd.graph.increment_version(tensors)
+        return op.redispatch(keyset & _AFTER_AD_INPLACE_OR_VIEW, *args, **kwargs)
+
+    def autograd(keyset, *args, **kwargs):
+        """No derivative: runs the kernels below autograd, so the written tensors get no graph
+        (as custom_op's autograd kernel without a registered backward)."""
+        with torch._C._AutoDispatchBelowAutograd():
+            return op.redispatch(keyset & _AFTER_AUTOGRAD, *args, **kwargs)
+
+    _lib.impl(name, ad_inplace_or_view, "ADInplaceOrView", with_keyset=True)
+    _lib.impl(name, autograd, "Autograd", with_keyset=True)
+    return op
 
 
-def _decode_autograd(keyset, *args, **kwargs):
-    """No derivative: runs the kernels below autograd, so the written tensors get no graph
-    (as custom_op's autograd kernel without a registered backward)."""
-    with torch._C._AutoDispatchBelowAutograd():
-        return torch.ops.mlakit.decode.default.redispatch(keyset & _AFTER_AUTOGRAD, *args, **kwargs)
-
-
-_lib.impl("decode", _decode_ad_inplace_or_view, "ADInplaceOrView", with_keyset=True)
-_lib.impl("decode", _decode_autograd, "Autograd", with_keyset=True)
-decode_op = torch.ops.mlakit.decode.default
+decode_op = _define("decode", _SCHEMA, _MUTATED)
 
 
 def _decode_not_supported(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
@@ -114,3 +122,42 @@ def _decode_cpu(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, ls
     out.copy_(o)
     if lse is not None:
         lse.copy_(l)
+
+
+# ---- merge_states ------------------------------------------------------------------------------
+
+_MERGE_SCHEMA = "(Tensor part_o, Tensor part_lse, Tensor(a2!) out, Tensor(a3!)? out_lse=None) -> ()"
+merge_states_op = _define("merge_states", _MERGE_SCHEMA, ("out", "out_lse"))
+
+
+def _merge_not_supported(part_o, part_lse, out, out_lse=None):
+    check_merge_args(part_o, part_lse, out, out_lse)
+    raise _ext.Error(f"mlakit.merge_states runs on CUDA (and on CPU through the reference), not on "
+                     f"{part_o.device.type}", "not_supported")
+
+
+_lib.impl("merge_states", _merge_not_supported, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("mlakit::merge_states", lib=_lib)
+def _merge_fake(part_o, part_lse, out, out_lse=None):
+    check_merge_args(part_o, part_lse, out, out_lse)
+
+
+@torch.library.register_kernel("mlakit::merge_states", "cuda", lib=_lib)
+def _merge_cuda(part_o, part_lse, out, out_lse=None):
+    check_merge_args(part_o, part_lse, out, out_lse)
+    if part_o.shape[1] == 0:
+        return
+    code, name, message = _ext.require().merge_states(part_o, part_lse, out, out_lse)
+    if code != 0:
+        _ext.raise_status(name, message)
+
+
+@torch.library.register_kernel("mlakit::merge_states", "cpu", lib=_lib)
+def _merge_cpu(part_o, part_lse, out, out_lse=None):
+    check_merge_args(part_o, part_lse, out, out_lse)
+    o, l = merge_states_reference(part_o, part_lse)
+    out.copy_(o)
+    if out_lse is not None:
+        out_lse.copy_(l)

@@ -12,12 +12,20 @@ argument-free get_mla_metadata() -> (metadata, None). mlakit plans splits on the
 metadata only carries the workspace: when given the older arguments outside a CUDA graph
 capture, get_mla_metadata sizes it, which makes a following capture safe.
 
+The call launches exactly the kernels torch.ops.mlakit.decode launches for it: out and
+softmax_lse are written in place through strides (no copy, transpose or extra allocation),
+except for FlashMLA's +inf in softmax_lse for a row that sees no key, one in-place pass over
+softmax_lse (empty_lse=-math.inf keeps mlakit's -inf and skips it). Nothing is read back to the
+host, so the call captures in a CUDA graph.
+
 Not supported (ArgumentError): FlashMLA's own fp8 cache layout (is_fp8_kvcache=True, 656
 bytes per token), sparse attention (indices, topk_length, extra_k_cache, attn_sink) and
-descale_q. A float8_e4m3fn k_cache with one scale is: pass descale_k (a float or a
-one-element tensor, read once on the host) or kv_scale.
+descale_q. A float8_e4m3fn k_cache with one scale is: pass descale_k (a float, or a
+one-element tensor, read on the host once per tensor and version: outside a capture first)
+or kv_scale.
 """
 import math
+import weakref
 
 import torch
 
@@ -55,24 +63,45 @@ def get_mla_metadata(cache_seqlens=None, num_q_tokens_per_head_k=None, num_heads
     return meta, None
 
 
+# Host copies of scale tensors, read once per tensor and version: a CUDA tensor is read on the
+# host (a synchronisation) the first time only, and never during a CUDA graph capture.
+_scales = {}  # id(tensor) -> (weak reference, version, value)
+
+
 def _scale_value(name, value):
     if value is None:
         return None
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            raise ArgumentError(f"{name} has shape {list(value.shape)}: one scale per cache expected")
-        if value.is_cuda and torch.cuda.is_current_stream_capturing():
-            raise ArgumentError(f"{name}: a CUDA tensor cannot be read during graph capture; pass a float")
-        return float(value.item())
-    return float(value)
+    if not isinstance(value, torch.Tensor):
+        return float(value)
+    if value.numel() != 1:
+        raise ArgumentError(f"{name} has shape {list(value.shape)}: one scale per cache expected")
+    hit = _scales.get(id(value))
+    if hit is not None and hit[0]() is value and hit[1] == value._version:
+        return hit[2]
+    if value.is_cuda:
+        with torch.cuda.device(value.device):
+            if torch.cuda.is_current_stream_capturing():
+                raise ArgumentError(f"{name}: a CUDA tensor that was not read before the CUDA graph capture "
+                                    "(a first call outside the capture reads it once); or pass a float")
+    v = float(value.item())
+    if len(_scales) > 4096:
+        _scales.clear()
+    _scales[id(value)] = (weakref.ref(value), value._version, v)
+    return v
 
 
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata=None,
                            num_splits=None, softmax_scale=None, causal=False, *, descale_q=None, descale_k=None,
                            kv_scale=None, is_fp8_kvcache=False, indices=None, attn_sink=None,
                            extra_k_cache=None, extra_indices_in_kvcache=None, topk_length=None,
-                           extra_topk_length=None, out=None):
-    """FlashMLA's dense decode call; returns (out, softmax_lse [b, h_q, s_q])."""
+                           extra_topk_length=None, out=None, empty_lse=math.inf):
+    """FlashMLA's dense decode call; returns (out [b, s_q, h_q, 512], softmax_lse [b, h_q, s_q]).
+
+    The kernels write out and softmax_lse in place through strides (LSE in FlashMLA's layout),
+    so the call launches what torch.ops.mlakit.decode launches for it, plus, with the default
+    empty_lse=math.inf, one in-place pass over softmax_lse that turns -inf (a row without keys,
+    as mlakit writes it) into FlashMLA's +inf. empty_lse=-math.inf keeps -inf and adds no kernel
+    (merge_states and vLLM's merge treat both as empty)."""
     if head_dim_v != HEAD_DIM_V:
         raise ArgumentError(f"head_dim_v = {head_dim_v}: not in the supported domain (512)")
     if is_fp8_kvcache:
@@ -89,21 +118,24 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
         raise ArgumentError("descale_q: fp8 queries are not supported (q is bf16 or fp16)")
     if block_table is None or cache_seqlens is None:
         raise ArgumentError("block_table and cache_seqlens are required for dense decode")
+    if empty_lse not in (math.inf, -math.inf):
+        raise ArgumentError(f"empty_lse = {empty_lse!r}: not in the supported domain (math.inf as FlashMLA, "
+                            "or -math.inf)")
+    if not isinstance(q, torch.Tensor) or q.dim() != 4:
+        shape = list(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
+        raise ArgumentError(f"q has shape {shape}: expected [batch, s_q, h_q, 576]")
     scale = _scale_value("descale_k", descale_k) if kv_scale is None else float(kv_scale)
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
-    workspace = None
     if isinstance(tile_scheduler_metadata, FlashMLASchedMeta):
         tile_scheduler_metadata.have_initialized = True
-    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-    out, lse = _decode(q, k_cache, cache_seqlens, block_table, softmax_scale, 1.0 if scale is None else scale,
-                       causal, out, lse, workspace)
-    # FlashMLA's layout [b, h_q, s_q], and +inf where no key was seen.
-    lse = torch.where(lse == -math.inf, torch.full_like(lse, math.inf), lse)
-    return out, lse.transpose(1, 2).contiguous()
-
-
-def _decode(q, k_cache, cache_seqlens, block_table, softmax_scale, kv_scale, causal, out, lse, workspace):
+    b, s_q, h_q = q.shape[0], q.shape[1], q.shape[2]
+    # FlashMLA's [b, h_q, s_q], written by the kernels through the [b, s_q, h_q] view.
+    softmax_lse = torch.empty((b, h_q, s_q), dtype=torch.float32, device=q.device)
     from . import decode
-    return decode(q, k_cache, cache_seqlens, block_table=block_table, softmax_scale=softmax_scale,
-                  kv_scale=kv_scale, causal=bool(causal), out=out, lse=lse, workspace=workspace)
+    out, _ = decode(q, k_cache, cache_seqlens, block_table=block_table, softmax_scale=softmax_scale,
+                    kv_scale=1.0 if scale is None else scale, causal=bool(causal), out=out,
+                    lse=softmax_lse.transpose(1, 2))
+    if empty_lse == math.inf and softmax_lse.numel() > 0:
+        softmax_lse.nan_to_num_(nan=math.nan, posinf=math.inf, neginf=math.inf)
+    return out, softmax_lse

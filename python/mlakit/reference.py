@@ -9,6 +9,7 @@ negative value counts as 0, a value past the request's page capacity or past 2^3
 
 It reads page ids and lengths on the host (.tolist()), so it synchronises: it is for tests and
 for checking results, and it is the CPU implementation of torch.ops.mlakit.decode.
+merge_states_reference (float64) is the CPU implementation of torch.ops.mlakit.merge_states.
 """
 import torch
 
@@ -60,3 +61,24 @@ def decode_reference(q, kv_cache, kv_len, *, block_table=None, kv_indptr=None, k
         out[b] = torch.einsum("thn,nd->thd", p, keys[:, :HEAD_DIM_V])
         lse[b] = row_lse
     return out, lse
+
+
+def merge_states_reference(part_o, part_lse):
+    """The merge of N partial results per row, in float64: part_o [N, T, H, D], part_lse
+    [N, T, H] (natural log; -inf or +inf for an empty part, whose O is not read). Returns
+    (out [T, H, D], lse [T, H]) in float32: out = sum_p exp(lse_p - lse) o_p with
+    lse = log sum_p exp(lse_p); a row of empty parts gets out = 0 and lse = -inf."""
+    inf = float("inf")
+    lse = part_lse.double()
+    lse = torch.where(lse == inf, torch.full_like(lse, -inf), lse)
+    m = lse.max(dim=0).values
+    base = torch.where(m == -inf, torch.zeros_like(m), m)
+    w = torch.exp(lse - base)  # 0 for empty parts
+    used = (w > 0).unsqueeze(-1)
+    o = torch.where(used, part_o.double(), torch.zeros((), dtype=torch.float64, device=part_o.device))
+    total = w.sum(dim=0)
+    seen = total > 0
+    out = (w.unsqueeze(-1) * o).sum(dim=0) / torch.where(seen, total, torch.ones_like(total)).unsqueeze(-1)
+    out = torch.where(seen.unsqueeze(-1) | torch.isnan(total).unsqueeze(-1), out, torch.zeros_like(out))
+    merged = torch.where(seen | torch.isnan(total), base + torch.log(total), torch.full_like(total, -inf))
+    return out.float(), merged.float()

@@ -168,10 +168,20 @@ def test_misaligned_stride_rejected_by_the_library():
                       softmax_scale=SCALE)
 
 
-def test_lse_in_flashmla_layout_rejected_by_the_library():
+@pytest.mark.parametrize("q_len", [2, 5])
+def test_lse_in_flashmla_layout_written_in_place(q_len):
+    case = make_case(batch=3, q_len=q_len, heads=16, page_size=64, kv_lens=(0, 5, 300), device="cuda", seed=q_len)
+    wide = torch.full((3, 17, q_len + 1), math.nan, device="cuda")  # [b, h, s] with padding
+    lse = wide[:, :16, :q_len].transpose(1, 2)  # its [b, s, h] view: token stride 1
+    out, _ = run(case, lse=lse)
+    check(case, out, lse)
+    assert torch.isnan(wide[:, 16]).all() and torch.isnan(wide[:, :, q_len]).all(), "wrote outside the view"
+
+
+def test_overlapping_lse_rejected_by_the_library():
     case = make_case(batch=2, q_len=2, heads=16, page_size=64, kv_lens=(5, 50), device="cuda")
-    lse = torch.empty(2, 16, 2, device="cuda").transpose(1, 2)  # [b, s, h] view of [b, h, s]
-    with pytest.raises(mlakit.ArgumentError, match=r"lse_stride_token = 1: not in the supported domain"):
+    lse = torch.empty(2, 16 + 1, device="cuda").unsqueeze(1).expand(2, 2, 17)[..., :16]  # tokens share rows
+    with pytest.raises(mlakit.ArgumentError, match=r"lse_stride_token = 0: not in the supported domain"):
         run(case, lse=lse)
 
 
