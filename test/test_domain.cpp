@@ -340,6 +340,12 @@ TEST_CASE("set_packed_strides: any int shape without overflow", "[domain]") {
   set_packed_strides(a);
   CHECK(a.q_stride_batch == 32 * 128 * 576);
   CHECK(a.o_stride_batch == 32 * 128 * 512);
+  // rows() too: exact in the domain, clamped to the int range outside it.
+  CHECK(a.rows() == 4096);
+  a.num_heads = kIntMax;
+  CHECK(a.rows() == kIntMax);
+  a.q_len = kIntMin;
+  CHECK(a.rows() == kIntMin);
 }
 
 TEST_CASE("validate: a stride whose span passes 2^62 bytes is rejected by name", "[domain]") {

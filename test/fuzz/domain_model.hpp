@@ -4,12 +4,12 @@
 // (test/fuzz/fuzz_validate.cpp): which fields of a call are outside the domain, computed in
 // exact 128-bit arithmetic straight from the table's formulas. check_host_api() runs every host
 // entry point on one call and compares them with this model and with each other.
-#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mlakit/api/decode.hpp"
@@ -150,8 +150,11 @@ inline Violations domain_violations(const mlakit::DecodeArgs& a) {
     std::vector<Dim> l = {{"lse_stride_head", a.lse_stride_head, H, 0},
                           {"lse_stride_token", a.lse_stride_token, T, 0},
                           {"lse_stride_batch", a.lse_stride_batch, B, 0}};
-    std::stable_sort(l.begin(), l.end(),
-                     [](const Dim& x, const Dim& y) { return x.stride < y.stride; });
+    // A stable insertion sort by stride: std::stable_sort instantiates get_temporary_buffer,
+    // deprecated in C++17, which clang 19 with libstdc++ 12 reports (an error under -Werror).
+    for (std::size_t i = 1; i < l.size(); ++i)
+      for (std::size_t j = i; j > 0 && l[j].stride < l[j - 1].stride; --j)
+        std::swap(l[j], l[j - 1]);
     i128 span = 1;
     for (Dim& d : l) {
       d.min = span;

@@ -307,6 +307,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // The planner's inputs straight from the edited fields, valid or not: no overflow (UBSan).
   volatile int sink = mlakit::plan_num_ctas(a.split_mode, a.num_splits, a.batch, a.num_heads,
                                             dev.sm_count, dev.arch);
+  sink = a.rows();
   if (a.page_ids == mlakit::PageIds::block_table)
     sink = static_cast<int>(mlakit::page_capacity(a, 0) & 1);
   (void)sink;

@@ -104,8 +104,13 @@ struct DecodeArgs {
   int num_splits = 0;          // SplitMode::fixed only: 1..64
   bool deterministic = false;  // results are bitwise reproducible in every mode; see README
 
-  // Rows per request, row = t * heads + h. For validated arguments only (at most 4096).
-  int rows() const { return num_heads * q_len; }
+  // Rows per request, row = t * heads + h: at most 4096 in the domain. Computed in 64 bits and
+  // clamped to the int range, so it does not overflow for values outside the domain either.
+  int rows() const {
+    const std::int64_t r = std::int64_t(num_heads) * q_len;
+    constexpr std::int64_t kIntMax = 2147483647;
+    return static_cast<int>(r > kIntMax ? kIntMax : r < -kIntMax - 1 ? -kIntMax - 1 : r);
+  }
 };
 
 namespace detail {
