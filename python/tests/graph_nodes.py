@@ -60,6 +60,26 @@ def describe(graph_handle):
     return kinds, (sorted(names) if all(names) else None)
 
 
+def _profile_replay(g):
+    """Node types and kernel names of a graph from a profiled replay (PyTorch without
+    CUDAGraph(keep_graph=True)): every kernel, memset and copy the replay ran."""
+    from torch.autograd import DeviceType
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        g.replay()
+        torch.cuda.synchronize()
+    kinds = collections.Counter()
+    names = []
+    for e in prof.events():
+        if e.device_type != DeviceType.CUDA:
+            continue
+        n = e.name
+        kind = "memset" if "memset" in n.lower() else "memcpy" if "memcpy" in n.lower() else "kernel"
+        kinds[kind] += 1
+        if kind == "kernel":
+            names.append(n)
+    return kinds, None
+
+
 def capture(fn):
     """Runs fn() once on a side stream (workspaces, lazy loading), then captures it; returns
     (graph, fn's result from the capture, node types, kernel names)."""
@@ -69,7 +89,16 @@ def capture(fn):
         fn()
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph(keep_graph=True)
+    try:
+        g = torch.cuda.CUDAGraph(keep_graph=True)
+    except TypeError:
+        g = None
+    if g is None:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            result = fn()
+        kinds, names = _profile_replay(g)
+        return g, result, kinds, names
     with torch.cuda.graph(g):
         result = fn()
     kinds, names = describe(g.raw_cuda_graph())
