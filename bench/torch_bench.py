@@ -13,8 +13,10 @@ mlakit.flashmla.flash_mla_with_kvcache as an engine calls it (FlashMLA's +inf LS
 row: one in-place pass over the LSE), `mla-flashmla-ninf` the same with empty_lse=-inf (the op's
 kernels only); `mla-flashinfer` is mlakit.flashinfer's run() with q_nope / q_pe and the cache
 parts as views of one tensor, out and a natural-log lse preallocated (the op's kernels only).
-`--peers adapters` names the three adapter rows. With --rounds N the whole sweep runs N times,
-so the spread of the op's own time between rounds shows the run-to-run noise.
+`mlakit-csr` is the op with CSR page ids, the baseline of `mla-flashinfer` (the FlashInfer
+interface passes CSR ids). `--peers adapters` names these four rows. Each repetition times every
+row in turn (a drift of the clocks moves them alike); with --rounds N the whole sweep runs N
+times, so the spread of the op's own time between rounds shows the run-to-run noise.
 
 Each kernel runs the same problem: batch requests of kv-len cached tokens (causal, the q_len
 new tokens included), a paged latent cache (576 values per token) with a shuffled block table.
@@ -61,6 +63,22 @@ def setup_mlakit(t, kv_scale):
 
     def call():
         mlakit.decode(t["q"], t["kv"], t["lens"], block_table=t["table"], softmax_scale=t["scale"],
+                      kv_scale=kv_scale, out=out, lse=lse)
+        return out
+    return call
+
+
+def setup_mlakit_csr(t, kv_scale):
+    """The op with CSR page ids (the form the FlashInfer interface passes): the baseline of the
+    mla-flashinfer row."""
+    out = torch.empty(t["q"].shape[:3] + (512,), dtype=t["q"].dtype, device="cuda")
+    lse = torch.empty(t["q"].shape[:3], device="cuda")
+    table = t["table"]
+    indptr = torch.arange(table.shape[0] + 1, dtype=torch.int32, device="cuda") * table.shape[1]
+    indices = table.flatten().contiguous()
+
+    def call():
+        mlakit.decode(t["q"], t["kv"], t["lens"], kv_indptr=indptr, kv_indices=indices, softmax_scale=t["scale"],
                       kv_scale=kv_scale, out=out, lse=lse)
         return out
     return call
@@ -137,15 +155,16 @@ def setup_adapter_flashinfer(t, kv_scale):
     return call
 
 
-PEERS = {"mlakit": setup_mlakit, "mla-flashmla": setup_adapter_flashmla,
+PEERS = {"mlakit": setup_mlakit, "mlakit-csr": setup_mlakit_csr, "mla-flashmla": setup_adapter_flashmla,
          "mla-flashmla-ninf": setup_adapter_flashmla_ninf, "mla-flashinfer": setup_adapter_flashinfer,
          "flashmla": setup_flashmla, "flashinfer": setup_flashinfer}
-ADAPTERS = ["mla-flashmla", "mla-flashmla-ninf", "mla-flashinfer"]
+ADAPTERS = ["mla-flashmla", "mla-flashmla-ninf", "mlakit-csr", "mla-flashinfer"]
+BASELINE = {"mla-flashinfer": "mlakit-csr"}  # a row's time is compared with this row's (else mlakit's)
 
 
-def time_calls(call, iters, reps):
-    """Median microseconds per call: CUDA-graph replays of `iters` calls, or plain launches
-    when the kernel cannot be captured (then the time includes launch overhead)."""
+def prepare(call, iters):
+    """(run, mode): a CUDA graph of `iters` calls and its replay, or plain launches when the
+    kernel cannot be captured (then the time includes launch overhead)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -168,15 +187,17 @@ def time_calls(call, iters, reps):
                 call()
         mode = "eager"
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        run()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0 / iters)
-    return statistics.median(times), mode
+    return run, mode
+
+
+def time_once(run, iters):
+    """Microseconds per call of one run() (iters calls)."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    run()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) * 1000.0 / iters
 
 
 def main():
@@ -211,28 +232,40 @@ def main():
             t = make_inputs(a.batch, q_len, a.heads, a.kv_len, a.page_size, a.kv_dtype)
             kv_bytes = a.batch * a.kv_len * 576 * t["kv"].element_size()
             flops = 2 * a.batch * q_len * a.heads * a.kv_len * (576 + 512)
-            base = base_us = None
+            rows, runs, outs = {}, {}, {}
             for name in peers:
-                row = dict(round=rnd, q_len=q_len, kernel=name)
+                row = rows[name] = dict(round=rnd, q_len=q_len, kernel=name)
                 try:
                     call = PEERS[name](t, kv_scale)
-                    out = call().float()
+                    outs[name] = call().float()
                     torch.cuda.synchronize()
-                    if base is None and name == "mlakit":
-                        base = out
-                    us, mode = time_calls(call, a.iters, a.reps)
-                    if name == "mlakit":
-                        base_us = us
-                    diff = ((out - base).norm() / base.norm()).item() if base is not None and name != "mlakit" else 0.0
-                    row.update(us=us, timing=mode, tb_s=kv_bytes / us / 1e6, tflop_s=flops / us / 1e6,
-                               rel_l2_vs_mlakit=diff)
-                    vs = "" if name == "mlakit" or base_us is None else f"x{us / base_us:.3f}, rel L2 {diff:.2e}"
-                    print(f"{rnd:>5} {q_len:>5}  {name:<18} {us:>9.1f} {row['tb_s']:>6.2f} {row['tflop_s']:>8.1f}  "
-                          f"{vs}{'' if mode == 'graph' else ' (not capturable: plain launches)'}")
+                    runs[name], row["timing"] = prepare(call, a.iters)
                 except Exception as e:  # a missing or refusing peer is a result too
                     row["error"] = f"{type(e).__name__}: {e}"
+            # Every peer in turn within each repetition: a drift of the clocks moves them alike.
+            times = {name: [] for name in runs}
+            for _ in range(a.reps):
+                for name, run in runs.items():
+                    times[name].append(time_once(run, a.iters))
+            base = outs.get("mlakit")
+            for name in peers:
+                row = rows[name]
+                if "error" in row:
                     print(f"{rnd:>5} {q_len:>5}  {name:<18} {'n/a':>9}  ({row['error'][:100]})")
+                    results.append(row)
+                    continue
+                us = statistics.median(times[name])
+                diff = ((outs[name] - base).norm() / base.norm()).item() if base is not None else 0.0
+                row.update(us=us, tb_s=kv_bytes / us / 1e6, tflop_s=flops / us / 1e6, rel_l2_vs_mlakit=diff)
+                ref = BASELINE.get(name, "mlakit")
+                vs = ""
+                if name != ref and ref in times:
+                    row["ratio_vs_" + ref] = us / statistics.median(times[ref])
+                    vs = f"x{row['ratio_vs_' + ref]:.3f} of {ref}, rel L2 {diff:.2e}"
+                print(f"{rnd:>5} {q_len:>5}  {name:<18} {us:>9.1f} {row['tb_s']:>6.2f} {row['tflop_s']:>8.1f}  "
+                      f"{vs}{'' if row['timing'] == 'graph' else ' (not capturable: plain launches)'}")
                 results.append(row)
+            del runs
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), args=vars(a), results=results), f, indent=1)
