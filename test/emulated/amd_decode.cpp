@@ -324,7 +324,7 @@ TEST_CASE("emulated decode: global-memory traffic per call", "[amd-traffic]") {
   struct Shape {
     int heads, q_len;
   };
-  std::printf("%s traffic: batch 4, kv_len 1024, page 64, CSR, e4m3 cache, LSE, split none\n",
+  std::printf("%s traffic: batch 2, kv_len 4096, page 64, CSR, e4m3 cache, LSE, split none\n",
               emu::target().arch_name);
   for (Shape s : {Shape{16, 1}, Shape{16, 2}, Shape{16, 4}, Shape{16, 8}, Shape{12, 8}}) {
     Case c = seed_shape();
@@ -332,7 +332,7 @@ TEST_CASE("emulated decode: global-memory traffic per call", "[amd-traffic]") {
     c.heads = s.heads;
     c.q_len = s.q_len;
     c.page_size = 64;
-    c.kv_lens = {1024, 1024, 1024, 1024};
+    c.kv_lens = {4096, 4096};
     c.split = SplitMode::none;
     c.seed = 800 + s.heads * s.q_len;
     TestProblem P;
@@ -361,5 +361,7 @@ TEST_CASE("emulated decode: global-memory traffic per call", "[amd-traffic]") {
                 c.heads, c.q_len, read, double(read) / double(need_read), need_read, written,
                 double(written) / double(need_write));
     CHECK(read >= kv);  // the cache is read at least once
+    CHECK(double(read) <= 1.05 * double(need_read));  // and once: within 5% of the need
+    CHECK(double(written) <= 1.05 * double(need_write));
   }
 }

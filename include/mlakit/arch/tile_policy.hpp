@@ -78,14 +78,16 @@ inline constexpr int kFp8CtasMinRowTiles = 32;
 #if defined(MLAKIT_PLATFORM_HIP)
 // CDNA (gfx90a / gfx942 / gfx950): the cdna mainloop with one 16-token KV tile of 18 KB in LDS
 // (the compute type, converted once by the workgroup) shared by all rows of the row tile; the
-// next tile waits in registers. Row tiles of 16 (two waves splitting the V columns), 32, 64
-// and 128 rows (one wave per 16 rows). Workgroups per CU (launch bounds, plan): 3 for 2 waves
-// (LDS: 3 x 18 KB plus the self-plan bytes fit in 64 KiB), 2 for 4 waves and 1 for 8: at
-// least 1.5 waves per SIMD, 2 for the 64- and 128-row tiles.
+// next tile waits in registers. Row tiles of 16, 32 and 64 rows: two waves per 16 rows,
+// splitting the V columns (an O accumulator of 64 registers per lane; S^T computed by both);
+// 128 rows: one wave per 16 rows (O^T 128 registers, 10 of Q's 36 k-steps in LDS). Workgroups
+// per CU (launch bounds, plan): 3 of 2 waves (LDS: 3 x 18 KB plus the self-plan bytes fit in
+// 64 KiB), 2 of 4 and 1 of 8: at least 1.5 waves per SIMD, 2 for the 32-, 64- and 128-row
+// tiles, each within 256 registers (amd-resources table).
 inline constexpr TilePolicy kPolicies[] = {
     {16, 16, 128, 1, 0, 3, 1, Mainloop::cdna},
-    {32, 16, 128, 1, 0, 3, 1, Mainloop::cdna},
-    {64, 16, 256, 1, 0, 2, 1, Mainloop::cdna},
+    {32, 16, 256, 1, 0, 2, 1, Mainloop::cdna},
+    {64, 16, 512, 1, 0, 1, 1, Mainloop::cdna},
     {128, 16, 512, 1, 0, 1, 1, Mainloop::cdna},
 };
 #else

@@ -3,8 +3,9 @@
 // tile, read once from memory into LDS and from there by every wave.
 //
 // Workgroup: RowGroups groups of 16 rows (one 16 x 16 MFMA tile) x ColSplit waves; the waves
-// of a row group split the 512 V columns (ColSplit 2 only for the 16-row form, so that its
-// workgroup has two waves). Per piece of a request:
+// of a row group split the 512 V columns (ColSplit 2 for the 16-, 32- and 64-row forms: an
+// O^T of 64 registers next to Q's 72 leaves room for two waves per SIMD, and their shapes,
+// bound by memory or near it, afford S^T computed twice). Per piece of a request:
 //   Q^T   [576 x 16 rows]   registers: each wave's B operand of S^T (36 k-steps x 2 VGPRs)
 //   for each KV tile of 16 tokens (raw bytes of the next tile already in registers):
 //     S^T [16 keys x 16 rows]  = K Q^T          A = K from LDS (4 dims of one key per lane)
@@ -12,8 +13,9 @@
 //                              (4 each): in-lane, then xor 16 and xor 32
 //     O^T [512 / ColSplit x 16] += V^T P^T       B = P^T: the S^T accumulator itself, packed
 //                                                to 16 bits (the MFMA's C and B layouts are
-//                                                the same); A = V^T from LDS (4 keys of one
-//                                                column per lane, one 16-byte read)
+//                                                the same); A = V^T from LDS: one 16-byte read
+//                                                gives a lane 4 keys of two columns, the A
+//                                                operands of an even- and an odd-column tile
 //     barrier; the registers' tile converted to the compute type and stored to LDS; barrier
 //   O^T / l -> out (unsplit) or the piece's partial slot; LSE
 // Register and MFMA layouts are those of arch::MmaAtomMfma16 (lane l: g = l / 16, q = l % 16;
@@ -28,6 +30,7 @@
 #include "../core/plan.hpp"
 #include "../platform/intrinsics.hpp"
 #include "planner_kernel.hpp"
+#include "problem.hpp"
 #include "workspace.hpp"
 
 namespace mlakit::detail {
@@ -35,9 +38,9 @@ namespace mlakit::detail {
 // A KV tile in LDS in the compute type, 16-bit values in pairs of dims: the 32-bit word of dim
 // pair p (dims 2p, 2p + 1; the lower dim in the low half) of key k. A pair's keys are 16-byte
 // chunks of 4 keys, the chunk index XOR-swizzled by the pair so that the V^T reads of 16 lanes
-// (8 consecutive pairs, one chunk each) spread over the banks:
+// (16 consecutive pairs, one chunk each) spread evenly over the banks:
 //   K, S^T's A operand: dims 4g .. 4g + 3 of key q  = words (2g', q), (2g' + 1, q)
-//   V^T, O^T's A operand: keys 4g .. 4g + 3 of dim c = one 16-byte chunk of pair c / 2
+//   V^T, O^T's A operands: keys 4g .. 4g + 3 of dims 2p, 2p + 1 = one 16-byte chunk of pair p
 template <int Tokens>
 struct CdnaKvLayout {
   static_assert(Tokens == 16, "16-token tiles: one MFMA k-step of keys");
@@ -48,6 +51,16 @@ struct CdnaKvLayout {
     return pair * Tokens + ((((key >> 2) ^ (pair >> 1)) & (Tokens / 4 - 1)) << 2) + (key & 3);
   }
 };
+
+// Q^T k-steps (of 36) a wave of the CDNA mainloop reads from LDS instead of holding in
+// registers: the 128-row form's last 10 (40 KiB next to the 18 KiB KV tile), so that Q (52
+// registers), O^T (128) and a tile's working set fit the 256 registers of 2 waves per SIMD.
+constexpr int cdna_q_lds_steps(int rows) { return rows == 128 ? 10 : 0; }
+
+// LDS of the CDNA mainloop: the KV tile, then each wave's Q^T k-steps from LDS.
+constexpr int cdna_smem_bytes(int rows, int threads, int kv_tile) {
+  return kHeadDimQK * kv_tile * 2 + (threads / 64) * cdna_q_lds_steps(rows) * 64 * 8;
+}
 
 }  // namespace mlakit::detail
 
@@ -80,14 +93,17 @@ struct CdnaMainloop {
   static constexpr int kCols = kHeadDimV / kColSplit;  // V columns per wave
   static constexpr int kOTiles = kCols / 16;
   static constexpr int kTokens = Tr::kKvTile;
-  static constexpr int kKSteps = kHeadDimQK / 16;  // S^T k-steps over the 576 dims
+  static constexpr int kKSteps = kHeadDimQK / 16;        // S^T k-steps over the 576 dims
+  static constexpr int kQLds = cdna_q_lds_steps(kRows);  // the last kQLds of them from LDS
+  static constexpr int kQRegs = kKSteps - kQLds;
   using Layout = CdnaKvLayout<kTokens>;
   static_assert(kRows % 16 == 0 && kWaves % kRowGroups == 0 && kColSplit >= 1, "wave layout");
   static_assert(kOTiles * 16 * kColSplit == kHeadDimV, "V columns split evenly");
-  static constexpr int kSmemBytes = Layout::kBytes;
+  static constexpr int kSmemBytes = cdna_smem_bytes(kRows, kThreads, kTokens);
+  static_assert(kSmemBytes == Tr::kSmemBytes, "DecodeTraits sizes the same LDS");
 
   const KernelArgs& p;
-  std::uint32_t* kv_tile;  // Layout::kWords words
+  std::uint32_t* kv_tile;  // Layout::kWords words, then the waves' Q^T k-steps [wave][s][lane]
   int b = 0, heads, q_len, rows, row0, kv_bytes;
   bool causal;
   DType kv;
@@ -144,13 +160,18 @@ struct CdnaMainloop {
   // chunks' lanes read by a shuffle: one page-table read per token, not per chunk.
   static constexpr int kTokensPerWave = kTokens / kWaves;
   static_assert(kTokensPerWave >= 1 && kTokensPerWave * kWaves == kTokens, "tokens per wave");
-  static constexpr int kMaxChunks = (kTokensPerWave * kHeadDimQK * 2 / 16 + 63) / 64;
+  // KV bytes per value at most (1 when the instantiation's KV type is a fixed fp8 type).
+  static constexpr int kMaxKvBytes =
+      Tr::Problem::kv_is_fixed && is_fp8(KvDTypeOf<typename Tr::Problem::kv_type>::value) ? 1 : 2;
+  static constexpr int kMaxChunks = (kTokensPerWave * kHeadDimQK * kMaxKvBytes / 16 + 63) / 64;
 
   // Raw 16-byte chunks of tile [kt, kt + 16) that this lane copies (tokens >= kv_end: zero).
   __device__ void load_raw(uint4 (&raw)[kMaxChunks], const std::int32_t* table, int kt,
                            int kv_end) const {
     const DecodeArgs& a = p.a;
-    const int lane = lane_id(), tok0 = warp_id() * kTokensPerWave;
+    // Opaque per tile: the chunks' offsets are recomputed here instead of held in registers
+    // across the tile loop.
+    const int lane = opaque(lane_id()), tok0 = warp_id() * kTokensPerWave;
     const int row_chunks = kHeadDimQK * kv_bytes / 16;
     int page = 0;
     if (lane < kTokensPerWave && kt + tok0 + lane < kv_end)
@@ -163,11 +184,10 @@ struct CdnaMainloop {
       const int page_t = shfl(page, t < kTokensPerWave ? t : 0);
       raw[i] = uint4{0, 0, 0, 0};
       if (t < kTokensPerWave && j < kv_end) {
-        const unsigned char* src =
-            static_cast<const unsigned char*>(a.kv) +
-            (std::int64_t(page_t) * a.kv_stride_page +
-             std::int64_t(j % a.page_size) * a.kv_stride_token) *
-                kv_bytes;
+        const unsigned char* src = static_cast<const unsigned char*>(a.kv) +
+                                   (std::int64_t(page_t) * a.kv_stride_page +
+                                    std::int64_t(j % a.page_size) * a.kv_stride_token) *
+                                       kv_bytes;
         raw[i] = *reinterpret_cast<const uint4*>(src + ch * 16);
       }
     }
@@ -181,7 +201,7 @@ struct CdnaMainloop {
     kv_tile[Layout::word(p0 + 3, tok)] = v.w;
   }
   __device__ void store_tile(const uint4 (&raw)[kMaxChunks]) const {
-    const int lane = lane_id(), tok0 = warp_id() * kTokensPerWave;
+    const int lane = opaque(lane_id()), tok0 = warp_id() * kTokensPerWave;  // as in load_raw
     const int row_chunks = kHeadDimQK * kv_bytes / 16;
 #pragma unroll
     for (int i = 0; i < kMaxChunks; ++i) {
@@ -227,14 +247,18 @@ struct CdnaMainloop {
 
     if (n_tiles > 0) {
       // Q^T: lane (g, q) holds dims 16 s + 4 g .. + 3 of row q for every k-step s.
-      typename Atom::FragB qf[kKSteps];
+      typename Atom::FragB qf[kQRegs];
       const Tq* qsrc = row < rows ? q_row(row) : nullptr;
 #pragma unroll
       for (int s = 0; s < kKSteps; ++s) {
         uint2 v = uint2{0, 0};
         if (qsrc != nullptr) v = *reinterpret_cast<const uint2*>(qsrc + 16 * s + 4 * g);
-        qf[s].r[0] = v.x;
-        qf[s].r[1] = v.y;
+        if (s < kQRegs) {
+          qf[s].r[0] = v.x;
+          qf[s].r[1] = v.y;
+        } else {
+          q_lds()[(s - kQRegs) * 64 + lane] = v;  // read back by this lane only
+        }
       }
       const std::int32_t* table = page_table();
       uint4 raw[kMaxChunks];
@@ -256,24 +280,44 @@ struct CdnaMainloop {
     epilogue(pc, row, m_run, l_lane, o, cs, g);
   }
 
-  __device__ void tile_step(const typename Atom::FragB (&qf)[kKSteps], int kt, bool need_mask,
+  // This wave's Q^T k-steps in LDS: [s - kQRegs][lane] (8 bytes each).
+  __device__ uint2* q_lds() const {
+    return reinterpret_cast<uint2*>(kv_tile + Layout::kWords) + warp_id() * (kQLds * 64);
+  }
+
+  __device__ void tile_step(const typename Atom::FragB (&qf)[kQRegs], int kt, bool need_mask,
                             int row_limit, float& m_run, float& l_lane, typename Atom::Acc* o,
                             int cs, int g, int q) const {
-    // S^T = K Q^T: two accumulators (even and odd k-steps) halve the dependent MFMA chain.
-    typename Atom::Acc s0 = {0.0f, 0.0f, 0.0f, 0.0f}, s1 = {0.0f, 0.0f, 0.0f, 0.0f};
+    // S^T = K Q^T, one accumulator chain (the waves sharing a SIMD interleave their chains).
+    typename Atom::Acc s0 = {0.0f, 0.0f, 0.0f, 0.0f};
+    // K of k-step s: pairs 8 s + 2 g and + 1 at key q. Their swizzle term depends on
+    // (4 s + g) & 3 = g only (g < 4), so the words are Layout::word(2 g, q) + 128 s (+ 16): one
+    // lane base and immediate offsets (written out; the compiler cannot see g < 4).
+    const std::uint32_t* k_lane = kv_tile + Layout::word(2 * g, q);
 #pragma unroll
     for (int s = 0; s < kKSteps; ++s) {
       typename Atom::FragA a;
-      const int pair = 8 * s + 2 * g;
-      a.r[0] = kv_tile[Layout::word(pair, q)];
-      a.r[1] = kv_tile[Layout::word(pair + 1, q)];
-      Atom::mma((s & 1) ? s1 : s0, a, qf[s]);
+      a.r[0] = k_lane[128 * s];
+      a.r[1] = k_lane[128 * s + 16];
+      if constexpr (kQLds > 0) {
+        if (s >= kQRegs) {
+          const uint2 v = q_lds()[(s - kQRegs) * 64 + lane_id()];
+          typename Atom::FragB b;
+          b.r[0] = v.x;
+          b.r[1] = v.y;
+          Atom::mma(s0, a, b);
+          if (s % 4 == 3) schedule_barrier();
+          continue;
+        }
+      }
+      Atom::mma(s0, a, qf[s < kQRegs ? s : 0]);
+      if (s % 4 == 3) schedule_barrier();  // at most 4 k-steps of K fragments in registers
     }
     // Lane (g, q): keys kt + 4 g + e of row q, in base-2 units, masked.
     float x[4], mt = neg_inf();
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      x[e] = (s0[e] + s1[e]) * p.scale_log2;
+      x[e] = s0[e] * p.scale_log2;
       if (need_mask && kt + 4 * g + e >= row_limit) x[e] = neg_inf();
       mt = fmaxf(mt, x[e]);
     }
@@ -301,17 +345,24 @@ struct CdnaMainloop {
     typename Atom::FragB pb;
     pb.r[0] = arch::pack2<T>(pv[0], pv[1]);
     pb.r[1] = arch::pack2<T>(pv[2], pv[3]);
-    // O^T += V^T P^T: lane (g, q) reads keys 4 g .. 4 g + 3 of column c = c0 + q (one chunk of
-    // pair c / 2) and keeps the half of each word that holds c.
-    const int half = 16 * (q & 1);
+    // O^T += V^T P^T, two O^T tiles per read: lane (g, q) reads keys 4 g .. 4 g + 3 of dim
+    // pair P + q (one chunk), whose low halves are the A operand of the even columns' tile
+    // (column c0 + 2 i in M row i) and whose high halves that of the odd columns' tile.
+    // Pair (cs kCols + 16 n) / 2 + q: its swizzle term changes with (q >> 1) and the wave's
+    // column base only (16 n / 2 = 8 n adds 4 n to pair >> 1), so the chunk of tile pair n is
+    // Layout::word(cs kCols / 2 + q, 4 g) + 128 n.
+    const std::uint32_t* v_lane = kv_tile + Layout::word(cs * kCols / 2 + q, 4 * g);
 #pragma unroll
-    for (int n = 0; n < kOTiles; ++n) {
-      const int c = cs * kCols + 16 * n + q;
-      const uint4 w = *reinterpret_cast<const uint4*>(kv_tile + Layout::word(c >> 1, 4 * g));
-      typename Atom::FragA a;
-      a.r[0] = ((w.x >> half) & 0xFFFFu) | ((w.y >> half) << 16);
-      a.r[1] = ((w.z >> half) & 0xFFFFu) | ((w.w >> half) << 16);
-      Atom::mma(o[n], a, pb);
+    for (int n = 0; n < kOTiles; n += 2) {
+      const uint4 w = *reinterpret_cast<const uint4*>(v_lane + 128 * n);
+      typename Atom::FragA even, odd;
+      even.r[0] = (w.x & 0xFFFFu) | (w.y << 16);
+      even.r[1] = (w.z & 0xFFFFu) | (w.w << 16);
+      odd.r[0] = (w.x >> 16) | (w.y & 0xFFFF0000u);
+      odd.r[1] = (w.z >> 16) | (w.w & 0xFFFF0000u);
+      Atom::mma(o[n], even, pb);
+      Atom::mma(o[n + 1], odd, pb);
+      if (n % 4 == 2) schedule_barrier();  // at most 2 V reads in registers
     }
   }
 
@@ -322,13 +373,15 @@ struct CdnaMainloop {
     if (row >= rows) return;
     const float inv = l > 0.0f ? p.out_scale / l : 0.0f;
     Tq* dst = o_row(pc, row);
-    // Lane (g, q) holds columns c0 + 4 g .. + 3 of its row in every O^T tile.
+    // Lane (g, q) holds, of the O^T tile pair (n, n + 1), columns c0 + 8 g + 2 e (tile n) and
+    // c0 + 8 g + 2 e + 1 (tile n + 1) of its row: 8 consecutive columns, one 16-byte store.
 #pragma unroll
-    for (int n = 0; n < kOTiles; ++n) {
-      const int c = cs * kCols + 16 * n + 4 * g;
-      *reinterpret_cast<uint2*>(dst + c) =
-          make_uint2(arch::pack2<Tq>(o[n][0] * inv, o[n][1] * inv),
-                     arch::pack2<Tq>(o[n][2] * inv, o[n][3] * inv));
+    for (int n = 0; n < kOTiles; n += 2) {
+      const int c = cs * kCols + 16 * n + 8 * g;
+      *reinterpret_cast<uint4*>(dst + c) = uint4{arch::pack2<Tq>(o[n][0] * inv, o[n + 1][0] * inv),
+                                                 arch::pack2<Tq>(o[n][1] * inv, o[n + 1][1] * inv),
+                                                 arch::pack2<Tq>(o[n][2] * inv, o[n + 1][2] * inv),
+                                                 arch::pack2<Tq>(o[n][3] * inv, o[n + 1][3] * inv)};
     }
     if (g == 0 && cs == 0) store_lse(pc, row, lse_from_state(m_run, l));
   }

@@ -114,9 +114,10 @@ struct DecodeTraits {
   static constexpr int kOffRaw = kOffKv + kKvBytes;
   static constexpr int kOffP = kOffRaw + kRawBytes;
   static constexpr int kOffRed = kOffP + kPBytes;
-  // cdna: one KV tile in the compute type, 16-bit values in dim pairs (CdnaKvLayout).
+  // cdna: one KV tile in the compute type, 16-bit values in dim pairs (CdnaKvLayout), and the
+  // Q^T k-steps read from LDS (cdna_smem_bytes).
   static constexpr int kSmemBytes =
-      kCdna ? kHeadDimQK * kKvTile * 2 : kOffRed + kRedBytes + kScaleBytes;
+      kCdna ? cdna_smem_bytes(kRows, kThreads, kKvTile) : kOffRed + kRedBytes + kScaleBytes;
   // A `warpgroup_ws` policy has its own kernel (decode_ws_sm90.hpp) for sm_90a; this kernel
   // is then only its fallback on other targets.
   static constexpr bool kWarpgroupPolicy = kPolicy.mainloop == arch::Mainloop::warpgroup_ws;

@@ -54,16 +54,38 @@ __device__ __forceinline__ float fast_exp2(float x) {
 #endif
 }
 
+// A point the compiler's instruction scheduler moves nothing across (AMD: sched_barrier 0; no
+// code). It bounds how far ahead loads are hoisted, and so the registers they hold. Elsewhere
+// nothing.
+__device__ __forceinline__ void schedule_barrier() {
+#if defined(MLAKIT_PLATFORM_HIP) && \
+    (defined(MLAKIT_PLATFORM_EMULATED) || __has_builtin(__builtin_amdgcn_sched_barrier))
+  __builtin_amdgcn_sched_barrier(0);
+#endif
+}
+
+// x, unknown to the optimiser: values computed from it inside a loop are not hoisted out of
+// the loop (where they would hold registers for its whole length). No instruction.
+__device__ __forceinline__ int opaque(int x) {
+#if defined(MLAKIT_PLATFORM_HIP) && !defined(MLAKIT_PLATFORM_EMULATED)
+  asm volatile("" : "+v"(x));
+#else
+  asm volatile("" : "+r"(x));
+#endif
+  return x;
+}
+
 // The second argument of __launch_bounds__ for a kernel of `threads` threads that should
 // keep `blocks` blocks resident per SM / CU: CUDA reads it as blocks per SM, HIP as the
-// minimum waves per SIMD (amdgpu_waves_per_eu; a CDNA CU has 4 SIMDs).
+// minimum waves per SIMD (amdgpu_waves_per_eu; a CDNA CU has 4 SIMDs; rounded up, so that
+// the SIMDs that get the most waves have the registers for them).
 constexpr int launch_bounds_residency(int threads, int blocks) {
 #if defined(MLAKIT_PLATFORM_CUDA)
   (void)threads;
   return blocks;
 #else
   const int waves = blocks * ((threads + kWarpSize - 1) / kWarpSize);
-  return waves < 4 ? 1 : waves / 4;
+  return (waves + 3) / 4;
 #endif
 }
 

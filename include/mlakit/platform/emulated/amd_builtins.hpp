@@ -13,7 +13,8 @@
 //  - __shfl_xor (HIP's amd_warp_functions.h): source lane self ^ mask, the caller's own value
 //    when that lane lies outside its width-aligned segment; __shfl: lane src mod width of the
 //    caller's segment;
-//  - V_EXP_F32 (__builtin_amdgcn_exp2f): 2^x, modelled by the host's exp2f.
+//  - V_EXP_F32 (__builtin_amdgcn_exp2f): 2^x, modelled by the host's exp2f;
+//  - sched_barrier: a compiler scheduling constraint, no operation.
 // Every wave-level builtin exchanges the operands of the 64 lanes (emu::wave_exchange) and
 // then computes the calling lane's result from them. A builtin argument outside what is
 // modelled is a fault, and a builtin not defined here does not compile.
@@ -242,6 +243,9 @@ inline T __shfl(T var, int src_lane, int width = 64) {
   std::memcpy(&v, all + index * emu::kSlotBytes, sizeof v);
   return v;
 }
+
+// sched_barrier: a scheduling constraint for the compiler; no effect on results.
+inline void __builtin_amdgcn_sched_barrier(int) {}
 
 // v_exp_f32: 2^x (the hardware's result is within 1 ulp; the host's exp2f stands in).
 inline float __builtin_amdgcn_exp2f(float x) { return std::exp2f(x); }
