@@ -232,11 +232,13 @@ def main():
             t = make_inputs(a.batch, q_len, a.heads, a.kv_len, a.page_size, a.kv_dtype)
             kv_bytes = a.batch * a.kv_len * 576 * t["kv"].element_size()
             flops = 2 * a.batch * q_len * a.heads * a.kv_len * (576 + 512)
-            rows, runs, outs = {}, {}, {}
+            # A graph holds the addresses of its call's buffers, not the buffers: `calls` keeps
+            # every call (and the tensors it closes over) alive while its graph is replayed.
+            rows, runs, outs, calls = {}, {}, {}, {}
             for name in peers:
                 row = rows[name] = dict(round=rnd, q_len=q_len, kernel=name)
                 try:
-                    call = PEERS[name](t, kv_scale)
+                    call = calls[name] = PEERS[name](t, kv_scale)
                     outs[name] = call().float()
                     torch.cuda.synchronize()
                     runs[name], row["timing"] = prepare(call, a.iters)
@@ -265,7 +267,8 @@ def main():
                 print(f"{rnd:>5} {q_len:>5}  {name:<18} {us:>9.1f} {row['tb_s']:>6.2f} {row['tflop_s']:>8.1f}  "
                       f"{vs}{'' if row['timing'] == 'graph' else ' (not capturable: plain launches)'}")
                 results.append(row)
-            del runs
+            torch.cuda.synchronize()
+            del runs, calls
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), args=vars(a), results=results), f, indent=1)
