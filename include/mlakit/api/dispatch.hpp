@@ -32,10 +32,12 @@ using TableBf16Bf16 = Problem<bf16_t, bf16_t>;
 using TableBf16Any = Problem<bf16_t, kv_any_t>;
 using TableFp16Fp16 = Problem<fp16_t, fp16_t>;
 using TableFp16Any = Problem<fp16_t, kv_any_t>;
-#if defined(MLAKIT_PLATFORM_CUDA)
+// fp8 caches with a kernel of their own: e4m3fn everywhere, and on AMD e4m3fnuz too (the
+// kv_any_t kernels, which convert any type, need more registers than the CDNA mainloop has).
 using TableBf16E4m3fn = Problem<bf16_t, fp8_e4m3fn_t>;
 using TableFp16E4m3fn = Problem<fp16_t, fp8_e4m3fn_t>;
-#endif
+using TableBf16E4m3fnuz = Problem<bf16_t, fp8_e4m3fnuz_t>;
+using TableFp16E4m3fnuz = Problem<fp16_t, fp8_e4m3fnuz_t>;
 
 // One entry of the dispatch table. launch() is defined below the class, so it is not an inline
 // function and an `extern template` declaration does suppress its implicit instantiation.
@@ -65,7 +67,8 @@ Status DispatchEntry<P>::launch(const DecodeArgs& a, const DeviceInfo& dev, void
 #if defined(MLAKIT_PLATFORM_CUDA)
 #define MLAKIT_DETAIL_FP8_ENTRIES(X) X(TableBf16E4m3fn) X(TableFp16E4m3fn)
 #else
-#define MLAKIT_DETAIL_FP8_ENTRIES(X)
+#define MLAKIT_DETAIL_FP8_ENTRIES(X) \
+  X(TableBf16E4m3fn) X(TableFp16E4m3fn) X(TableBf16E4m3fnuz) X(TableFp16E4m3fnuz)
 #endif
 #define MLAKIT_DETAIL_DISPATCH_ENTRIES(X) \
   MLAKIT_DETAIL_HOT_ENTRIES(X)            \
@@ -111,17 +114,21 @@ inline Status dispatch(const DecodeArgs& a, const DeviceInfo& dev, void* ws, std
   if (a.q_type == DType::bf16) {
     if (a.kv_type == DType::bf16)
       return DispatchEntry<TableBf16Bf16>::launch(a, dev, ws, bytes, stream);
-#if defined(MLAKIT_PLATFORM_CUDA)
     if (a.kv_type == DType::fp8_e4m3fn)
       return DispatchEntry<TableBf16E4m3fn>::launch(a, dev, ws, bytes, stream);
+#if !defined(MLAKIT_PLATFORM_CUDA)
+    if (a.kv_type == DType::fp8_e4m3fnuz)
+      return DispatchEntry<TableBf16E4m3fnuz>::launch(a, dev, ws, bytes, stream);
 #endif
     return DispatchEntry<TableBf16Any>::launch(a, dev, ws, bytes, stream);
   }
   if (a.kv_type == DType::fp16)
     return DispatchEntry<TableFp16Fp16>::launch(a, dev, ws, bytes, stream);
-#if defined(MLAKIT_PLATFORM_CUDA)
   if (a.kv_type == DType::fp8_e4m3fn)
     return DispatchEntry<TableFp16E4m3fn>::launch(a, dev, ws, bytes, stream);
+#if !defined(MLAKIT_PLATFORM_CUDA)
+  if (a.kv_type == DType::fp8_e4m3fnuz)
+    return DispatchEntry<TableFp16E4m3fnuz>::launch(a, dev, ws, bytes, stream);
 #endif
   return DispatchEntry<TableFp16Any>::launch(a, dev, ws, bytes, stream);
 }

@@ -22,7 +22,7 @@ namespace mlakit::arch {
 // reference guide, V_CVT_PK_F32_FP8; clang's AMDGPUBuiltins.rst and BuiltinsAMDGPU.def for
 // __builtin_amdgcn_cvt_pk_f32_fp8(int, bool hi); LLVM pull request #106160 for the OCP
 // meaning of the gfx940 fp8 opcodes on gfx950; ROCm's precision-support page (FNUZ fp8 on
-// CDNA3, OCP on CDNA4). The other format keeps the software decode of core/numeric.hpp.
+// CDNA3, OCP on CDNA4). The other format goes through the same instruction (fp8x4_other).
 //
 // Every fp8 value is exact in bf16 and in fp16 (magnitudes 2^-10 .. 448, at most 4
 // significant bits), so the f32 pair packs into the compute type without rounding: bf16
@@ -65,6 +65,37 @@ MLAKIT_HOST_DEVICE inline void fp8x4_native(std::uint32_t word, const Instr& in,
   } else {
     out01 = in.pkrtz(a.lo, a.hi);
     out23 = in.pkrtz(b.lo, b.hi);
+  }
+}
+
+// The other fp8 format through the same instruction (`native`: the format it converts). Both
+// are sign, 4 exponent and 3 mantissa bits, with biases 7 (e4m3fn) and 8 (e4m3fnuz), so a byte
+// means 2^(8 - 7) = 2 times more in e4m3fn than in e4m3fnuz, exactly, subnormals included,
+// except two codes whose meaning differs: 0x80 (e4m3fnuz NaN, e4m3fn -0) and S.1111.111
+// (e4m3fn NaN, e4m3fnuz +-240). Four multiplies and those fixes, where the portable decode
+// spends a dozen instructions and branches per byte.
+template <class T, class Instr>
+MLAKIT_HOST_DEVICE inline void fp8x4_other(std::uint32_t word, const Instr& in, DType native,
+                                           std::uint32_t& out01, std::uint32_t& out23) {
+  const F32x2 a = in.cvt(word, false), b = in.cvt(word, true);
+  float v[4] = {a.lo, a.hi, b.lo, b.hi};
+  const bool fn_wanted = native == DType::fp8_e4m3fnuz;  // decoding e4m3fn on fnuz hardware
+  const float factor = fn_wanted ? 2.0f : 0.5f;
+  for (int e = 0; e < 4; ++e) {
+    const std::uint32_t c = (word >> (8 * e)) & 0xFFu;
+    float x = v[e] * factor;
+    if ((c & 0x7Fu) == 0x7Fu)
+      x = fn_wanted ? bits_to_float(0x7FC00000u) : ((c & 0x80u) ? -240.0f : 240.0f);
+    else if (c == 0x80u)
+      x = fn_wanted ? -0.0f : bits_to_float(0x7FC00000u);
+    v[e] = x;
+  }
+  if constexpr (DTypeOf<T>::value == DType::bf16) {
+    out01 = bf16_upper(v[0]) | (bf16_upper(v[1]) << 16);
+    out23 = bf16_upper(v[2]) | (bf16_upper(v[3]) << 16);
+  } else {
+    out01 = in.pkrtz(v[0], v[1]);
+    out23 = in.pkrtz(v[2], v[3]);
   }
 }
 
@@ -142,7 +173,8 @@ __device__ __forceinline__ void e4m3fn_x2_to_float(std::uint16_t two, float& lo,
 #endif
 
 // 16 fp8 bytes -> 16 compute values (8 b32 words). Both fp8 flavours decode bit-exactly;
-// the hardware converts e4m3fn on NVIDIA (sm_89+) and on gfx950, e4m3fnuz on gfx940-942;
+// the hardware converts e4m3fn on NVIDIA (sm_89+) and on gfx950, e4m3fnuz on gfx940-942, and
+// on those AMD targets the other format too, through the same instruction (fp8x4_other);
 // every other case takes the portable decode from core/.
 template <class T>
 __device__ __forceinline__ void convert_fp8x16(DType kv, const uint4& in, uint4& out0,
@@ -153,10 +185,14 @@ __device__ __forceinline__ void convert_fp8x16(DType kv, const uint4& in, uint4&
   if (kv == kNativeFp8) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) fp8x4_native<T>(w[i], AmdFp8Instr{}, o[2 * i], o[2 * i + 1]);
-    out0 = uint4{o[0], o[1], o[2], o[3]};
-    out1 = uint4{o[4], o[5], o[6], o[7]};
-    return;
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      fp8x4_other<T>(w[i], AmdFp8Instr{}, kNativeFp8, o[2 * i], o[2 * i + 1]);
   }
+  out0 = uint4{o[0], o[1], o[2], o[3]};
+  out1 = uint4{o[4], o[5], o[6], o[7]};
+  return;
 #endif
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
