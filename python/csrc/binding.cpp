@@ -195,7 +195,10 @@ Result decode(const at::Tensor& q, const at::Tensor& kv_cache,
   if (!s) return to_result(s);
   a.softmax_scale = static_cast<float>(softmax_scale);
   a.kv_scale = static_cast<float>(kv_scale);
-  a.causal = causal;
+  // One query token sees every key either way (bottom-right aligned: j <= kv_len - 1): such a
+  // call is passed as causal, so it gets the dispatch table's compiled-in hot shapes (causal
+  // only), as FlashInfer-style decode calls with causal=False at q_len 1 would not.
+  a.causal = causal || a.q_len == 1;
   if (split_mode < 0 || split_mode > 255) split_mode = 255;  // the library names it invalid
   a.split_mode = static_cast<mlakit::SplitMode>(split_mode);
   a.num_splits = static_cast<int>(num_splits);
