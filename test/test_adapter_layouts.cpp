@@ -61,7 +61,8 @@ TEST_CASE("LSE strides in any order whose rows do not overlap", "[validate][adap
   CHECK(message(a) == "accepted");
   // Every permutation of packed [batch, q_len, heads] dimensions.
   const std::int64_t B = a.batch, T = a.q_len, H = a.num_heads;
-  const std::int64_t perms[6][3] = {  // strides of head, token, batch
+  const std::int64_t perms[6][3] = {
+      // strides of head, token, batch
       {1, H, H * T}, {T, 1, H * T}, {1, H * B, H}, {T * B, 1, T}, {B, B * H, 1}, {B * T, B, 1}};
   for (const auto& p : perms) {
     a = valid_args();
