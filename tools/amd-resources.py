@@ -47,10 +47,12 @@ def hip_policies():
 
 def decode_lds_bytes(pol):
     """Dynamic LDS of the decode kernel on AMD without the self-plan bytes. cdna
-    (kernel/decode_cdna.hpp): one KV tile in the compute type. warp_mma (decode_kernel.hpp,
+    (kernel/decode_cdna.hpp): one KV tile in the compute type and, at 128 rows, 10 of Q's 36
+    k-steps per wave. warp_mma (decode_kernel.hpp,
     DecodeTraits): Q tile, `stages` KV tiles, P tile, row max / sum exchange."""
-    if pol.get("mainloop") == "cdna":
-        return pol["kv_tile"] * HEAD_QK * 2
+    if pol.get("mainloop") == "cdna":  # cdna_smem_bytes(): the tile, the 128-row form's Q k-steps
+        q_steps = 10 if pol["rows"] == 128 else 0
+        return pol["kv_tile"] * HEAD_QK * 2 + (pol["threads"] // 64) * q_steps * 64 * 8
     col_groups = (pol["threads"] // 64) // (pol["rows"] // 16)
     q = pol["rows"] * HEAD_QK * 2
     kv = pol["stages"] * pol["kv_tile"] * HEAD_QK * 2
@@ -279,7 +281,8 @@ def demangle(names):
 
 def short_name(d):
     m = re.search(r"decode_kernel<mlakit::detail::DecodeTraits<mlakit::Problem<mlakit::(\w+), "
-                  r"(?:mlakit::)?(\w+), (-?\d+), (-?\d+), \(mlakit::Causal\)(\d)>, (\d+)> >", d)
+                  r"(?:mlakit::)?(\w+), (-?\d+), (-?\d+), \(mlakit::Causal\)(\d)>, (\d+)"
+                  r"(?:, (?:true|false))?> >", d)
     if m:
         q, kv, h, ql, c, pol = m.groups()
         q = q.replace("_t", "")
