@@ -84,6 +84,9 @@ inline constexpr int kFp8CtasMinRowTiles = 32;
 // per CU (launch bounds, plan): 3 of 2 waves (LDS: 3 x 18 KB plus the self-plan bytes fit in
 // 64 KiB), 2 of 4 and 1 of 8: at least 1.5 waves per SIMD, 2 for the 32-, 64- and 128-row
 // tiles, each within 256 registers (amd-resources table).
+// A kv_any_t problem hands fp8 KV to the kernels of the fixed fp8 type (Decode::launch_with),
+// so its own kernels convert 16-bit KV only: one conversion path, in the registers it leaves.
+inline constexpr bool kAnyKvForwardsFp8 = true;
 inline constexpr TilePolicy kPolicies[] = {
     {16, 16, 128, 1, 0, 3, 1, Mainloop::cdna},
     {32, 16, 256, 1, 0, 2, 1, Mainloop::cdna},
@@ -92,6 +95,7 @@ inline constexpr TilePolicy kPolicies[] = {
 };
 #else
 
+inline constexpr bool kAnyKvForwardsFp8 = false;
 // NVIDIA sm_80/sm_90, up to 227 KB of shared memory per block.
 // rows 16 (bandwidth-bound shapes): 4 warps, 32-token tiles (64-token tiles cost scattered
 //   small pages more than they save on large ones), ~92 KB, two CTAs per SM so one CTA's
@@ -111,8 +115,8 @@ inline constexpr TilePolicy kPolicies[] = {
 //   8 warps and the numbers below.
 // The measurement behind each choice: docs/performance.md, "Design decisions" and "Constants".
 inline constexpr TilePolicy kPolicies[] = {
-    {16, 32, 128, 2, 36864, 2, 2, Mainloop::warp_mma, IdsAhead::small_pages, 3,
-     Mainloop::keys_as_m, 1, Mainloop::keys_as_m},
+    {16, 32, 128, 2, 36864, 2, 2, Mainloop::warp_mma, IdsAhead::small_pages, 3, Mainloop::keys_as_m,
+     1, Mainloop::keys_as_m},
     {32, 64, 256, 2, 110592, 1, 4, Mainloop::warp_mma, IdsAhead::always, 0, Mainloop::keys_as_m,
      kMinPieceTiles, Mainloop::keys_as_m},
     {64, 64, 256, 2, 73728, 1, 3, Mainloop::warpgroup_ws, IdsAhead::never, 0, Mainloop::keys_as_m},

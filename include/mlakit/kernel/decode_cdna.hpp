@@ -25,6 +25,7 @@
 
 #include "../arch/convert.hpp"
 #include "../arch/mma_atom.hpp"
+#include "../arch/tile_policy.hpp"
 #include "../core/attention_math.hpp"
 #include "../core/decode_args.hpp"
 #include "../core/plan.hpp"
@@ -163,6 +164,15 @@ struct CdnaMainloop {
   // KV bytes per value at most (1 when the instantiation's KV type is a fixed fp8 type).
   static constexpr int kMaxKvBytes =
       Tr::Problem::kv_is_fixed && is_fp8(KvDTypeOf<typename Tr::Problem::kv_type>::value) ? 1 : 2;
+  // fp8 KV reaches this instantiation: its fixed KV type is fp8, or it is a kv_any_t problem
+  // on a target where those keep fp8 (arch::kAnyKvForwardsFp8 false).
+  static constexpr bool kFp8Possible = Tr::Problem::kv_is_fixed
+                                           ? is_fp8(KvDTypeOf<typename Tr::Problem::kv_type>::value)
+                                           : !arch::kAnyKvForwardsFp8;
+  // A kv_any_t problem whose fp8 KV is forwarded gets only the other 16-bit type (Decode::check
+  // rejects KV of the Q type for kv_any_t, and the table sends it elsewhere).
+  static constexpr bool kAnyIsOther16 = !Tr::Problem::kv_is_fixed && arch::kAnyKvForwardsFp8;
+  static constexpr DType kOther16 = DTypeOf<T>::value == DType::bf16 ? DType::fp16 : DType::bf16;
   static constexpr int kMaxChunks = (kTokensPerWave * kHeadDimQK * kMaxKvBytes / 16 + 63) / 64;
 
   // Raw 16-byte chunks of tile [kt, kt + 16) that this lane copies (tokens >= kv_end: zero).
@@ -209,15 +219,16 @@ struct CdnaMainloop {
       const int t = c / row_chunks, ch = c - t * row_chunks;
       if (t >= kTokensPerWave) continue;
       const int tok = tok0 + t;
-      if (is_fp8(kv)) {
+      const DType kvt = kAnyIsOther16 ? kOther16 : kv;
+      if (kFp8Possible && is_fp8(kvt)) {
         uint4 lo, hi;
-        arch::convert_fp8x16<T>(kv, raw[i], lo, hi);
+        arch::convert_fp8x16<T>(kvt, raw[i], lo, hi);
         store8(lo, tok, 16 * ch);
         store8(hi, tok, 16 * ch + 8);
-      } else if (kv == DTypeOf<T>::value) {
+      } else if (kvt == DTypeOf<T>::value) {
         store8(raw[i], tok, 8 * ch);
       } else {
-        store8(arch::convert_16x8<T>(kv, raw[i]), tok, 8 * ch);
+        store8(arch::convert_16x8<T>(kvt, raw[i]), tok, 8 * ch);
       }
     }
   }

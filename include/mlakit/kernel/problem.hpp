@@ -37,6 +37,10 @@ struct Problem {
 };
 
 namespace detail {
+// Problem P with its KV type fixed to KvType (the rest unchanged).
+template <class P, class KvType>
+using WithKv = Problem<typename P::q_type, KvType, P::kHeads, P::kQLen, P::kCausal>;
+
 template <class T>
 struct KvDTypeOf {
   static constexpr DType value = DTypeOf<T>::value;
