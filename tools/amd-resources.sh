@@ -3,7 +3,8 @@
 #
 #   bash tools/amd-resources.sh check       HIP 7.1 headers: host compile (clang-19) of every
 #                                           .cu file, device compile for gfx942 and gfx950
-#                                           (clang 22) of every .cu file, -Werror
+#                                           (clang 22) of every .cu file, -Werror (the dispatch
+#                                           table once, in examples/dispatch_table.cu)
 #   bash tools/amd-resources.sh table [md]  device assembly of examples/spec_decode_verify.cu
 #                                           (the whole decode() dispatch table) for gfx90a and
 #                                           gfx942 (clang-19, Debian's HIP 5.2 headers) and for
@@ -117,11 +118,15 @@ check() {
   local cmds=()
   for src in $(sources); do
     base=$(basename "$src" .cu)
+    # The dispatch table is compiled once, by examples/dispatch_table.cu; every other file
+    # declares it (MLAKIT_EXTERN_DISPATCH), as the CMake builds do.
+    ext=-DMLAKIT_EXTERN_DISPATCH=1
+    [ "$base" = dispatch_table ] && ext=
     # Host side against HIP 7.1 (hipDeviceProp_t, runtime API), clang-19.
-    cmds+=("$clang19 ${common[*]} -I$root/test -isystem $hip7/include -D__HIP_PLATFORM_AMD__=1 -DMLAKIT_NO_ROCPRIM --cuda-host-only --offload-arch=gfx942 -c $src -o $out/$base.host.o")
+    cmds+=("$clang19 ${common[*]} $ext -I$root/test -isystem $hip7/include -D__HIP_PLATFORM_AMD__=1 -DMLAKIT_NO_ROCPRIM --cuda-host-only --offload-arch=gfx942 -c $src -o $out/$base.host.o")
     # Device side against HIP 7.1 and ROCm 7.1 ocml/ockl, clang 22, linked code objects.
     for arch in gfx942 gfx950; do
-      cmds+=("$zig clang ${common[*]} -I$root/test $(clang22_flags) --no-gpu-bundle-output --offload-arch=$arch -c $src -o $out/$base.$arch.co")
+      cmds+=("$zig clang ${common[*]} $ext -I$root/test $(clang22_flags) --no-gpu-bundle-output --offload-arch=$arch -c $src -o $out/$base.$arch.co")
     done
   done
   printf '%s\n' "${cmds[@]}" | xargs -P "$jobs" -I{} sh -c '{} || { echo "FAILED: {}" >&2; exit 255; }'
