@@ -125,6 +125,20 @@ TEST_CASE("amd fp8: hardware conversion paths (either format) equal the software
   }
 }
 
+TEST_CASE("amd fp8: the branch-free decode of targets without the instruction, all codes",
+          "[amd][convert]") {
+  for (DType f : {DType::fp8_e4m3fn, DType::fp8_e4m3fnuz})
+    for (int c = 0; c < 256; ++c) {
+      const float want = decode_fp8(f, std::uint8_t(c));
+      const float got = arch::fp8_to_f32_bits(std::uint32_t(c), f == DType::fp8_e4m3fnuz);
+      INFO(dtype_name(f) << " code " << c << ": got " << got << ", want " << want);
+      if (std::isnan(want))
+        CHECK(std::isnan(got));
+      else
+        CHECK(bits_of(got) == bits_of(want));  // -0 included
+    }
+}
+
 TEST_CASE("amd fp8: the simulated instructions tell the two formats apart", "[amd][convert]") {
   // The same byte means different values on CDNA3 and CDNA4: the format choice matters.
   CHECK(sim_cvt_f32_fp8(DType::fp8_e4m3fn, 0x7E) == 448.0f);

@@ -48,7 +48,7 @@ inline constexpr DType kNativeFp8 = DType::bf16;
 
 // The upper half of an f32 as bf16 bits: exact for every fp8 value; a NaN gets its quiet bit
 // set, so it stays NaN whichever mantissa bits the conversion put its payload in.
-MLAKIT_HOST_DEVICE inline std::uint32_t bf16_upper(float f) {
+MLAKIT_HOST_DEVICE inline __attribute__((always_inline)) std::uint32_t bf16_upper(float f) {
   const std::uint32_t b = float_to_bits(f);
   return (b >> 16) | ((b & 0x7FFFFFFFu) > 0x7F800000u ? 0x40u : 0u);
 }
@@ -56,8 +56,10 @@ MLAKIT_HOST_DEVICE inline std::uint32_t bf16_upper(float f) {
 // One 32-bit word of four fp8 bytes -> four compute values in two b32 words (low half =
 // lower byte), through two packed conversions.
 template <class T, class Instr>
-MLAKIT_HOST_DEVICE inline void fp8x4_native(std::uint32_t word, const Instr& in,
-                                            std::uint32_t& out01, std::uint32_t& out23) {
+MLAKIT_HOST_DEVICE inline __attribute__((always_inline)) void fp8x4_native(std::uint32_t word,
+                                                                           const Instr& in,
+                                                                           std::uint32_t& out01,
+                                                                           std::uint32_t& out23) {
   const F32x2 a = in.cvt(word, false), b = in.cvt(word, true);
   if constexpr (DTypeOf<T>::value == DType::bf16) {
     out01 = bf16_upper(a.lo) | (bf16_upper(a.hi) << 16);
@@ -68,6 +70,21 @@ MLAKIT_HOST_DEVICE inline void fp8x4_native(std::uint32_t word, const Instr& in,
   }
 }
 
+// One fp8 byte (e4m3fn, or e4m3fnuz when `fnuz`) -> f32, without branches or calls: the
+// decode of targets with no fp8 conversion instruction (gfx90a), short enough to stay inline
+// in the CDNA mainloop. Normal codes move their exponent and mantissa bits into place;
+// subnormals are m x 2^(1 - bias - 3), exact in f32; the NaN codes give a quiet NaN.
+MLAKIT_HOST_DEVICE inline __attribute__((always_inline)) float fp8_to_f32_bits(std::uint32_t b,
+                                                                               bool fnuz) {
+  const std::uint32_t e = (b >> 3) & 0xFu, m = b & 7u, sign = (b & 0x80u) << 24;
+  const std::uint32_t bias = fnuz ? 8u : 7u;
+  const float sub = float(m) * (fnuz ? 0.0009765625f : 0.001953125f);  // 2^-10, 2^-9
+  const std::uint32_t normal = sign | ((e + 127u - bias) << 23) | (m << 20);
+  std::uint32_t bits = e == 0 ? (sign | float_to_bits(sub)) : normal;
+  const bool nan = fnuz ? b == 0x80u : (b & 0x7Fu) == 0x7Fu;
+  return bits_to_float(nan ? 0x7FC00000u : bits);
+}
+
 // The other fp8 format through the same instruction (`native`: the format it converts). Both
 // are sign, 4 exponent and 3 mantissa bits, with biases 7 (e4m3fn) and 8 (e4m3fnuz), so a byte
 // means 2^(8 - 7) = 2 times more in e4m3fn than in e4m3fnuz, exactly, subnormals included,
@@ -75,8 +92,8 @@ MLAKIT_HOST_DEVICE inline void fp8x4_native(std::uint32_t word, const Instr& in,
 // (e4m3fn NaN, e4m3fnuz +-240). Four multiplies and those fixes, where the portable decode
 // spends a dozen instructions and branches per byte.
 template <class T, class Instr>
-MLAKIT_HOST_DEVICE inline void fp8x4_other(std::uint32_t word, const Instr& in, DType native,
-                                           std::uint32_t& out01, std::uint32_t& out23) {
+MLAKIT_HOST_DEVICE inline __attribute__((always_inline)) void fp8x4_other(
+    std::uint32_t word, const Instr& in, DType native, std::uint32_t& out01, std::uint32_t& out23) {
   const F32x2 a = in.cvt(word, false), b = in.cvt(word, true);
   float v[4] = {a.lo, a.hi, b.lo, b.hi};
   const bool fn_wanted = native == DType::fp8_e4m3fnuz;  // decoding e4m3fn on fnuz hardware
@@ -201,12 +218,14 @@ __device__ __forceinline__ void convert_fp8x16(DType kv, const uint4& in, uint4&
 #if defined(MLAKIT_PLATFORM_CUDA)
     if (kv == DType::fp8_e4m3fn) {
       e4m3fn_x2_to_float(two, lo, hi);
-    } else
-#endif
-    {
+    } else {
       lo = decode_fp8(kv, std::uint8_t(two & 0xFF));
       hi = decode_fp8(kv, std::uint8_t(two >> 8));
     }
+#else
+    lo = fp8_to_f32_bits(two & 0xFFu, kv == DType::fp8_e4m3fnuz);
+    hi = fp8_to_f32_bits(two >> 8, kv == DType::fp8_e4m3fnuz);
+#endif
     o[i] = pack2<T>(lo, hi);
   }
   out0 = uint4{o[0], o[1], o[2], o[3]};

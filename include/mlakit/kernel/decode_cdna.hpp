@@ -124,19 +124,19 @@ struct CdnaMainloop {
   }
 
   // ---- addressing of request b ---------------------------------------------------------------
-  __device__ const std::int32_t* page_table() const {
+  __device__ __forceinline__ const std::int32_t* page_table() const {
     const DecodeArgs& a = p.a;
     return a.page_ids == PageIds::block_table ? a.block_table + b * a.block_table_stride
                                               : a.kv_indices + a.kv_indptr[b];
   }
-  __device__ const Tq* q_row(int row) const {
+  __device__ __forceinline__ const Tq* q_row(int row) const {
     const DecodeArgs& a = p.a;
     const int t = row / heads, h = row - t * heads;
     return static_cast<const Tq*>(a.q) + b * a.q_stride_batch + t * a.q_stride_token +
            h * a.q_stride_head;
   }
   // Row `row`'s output: the piece's partial slot when it is split, else request b's output.
-  __device__ Tq* o_row(const Piece& pc, int row) const {
+  __device__ __forceinline__ Tq* o_row(const Piece& pc, int row) const {
     const DecodeArgs& a = p.a;
     if (pc.partial_slot >= 0)
       return reinterpret_cast<Tq*>(p.ws.partial_o) +
@@ -145,7 +145,7 @@ struct CdnaMainloop {
     return static_cast<Tq*>(a.out) + b * a.o_stride_batch + t * a.o_stride_token +
            h * a.o_stride_head;
   }
-  __device__ void store_lse(const Piece& pc, int row, float lse) const {
+  __device__ __forceinline__ void store_lse(const Piece& pc, int row, float lse) const {
     const DecodeArgs& a = p.a;
     if (pc.partial_slot >= 0) {
       p.ws.partial_lse[std::int64_t(pc.partial_slot) * p.ws.rows_padded + row] = lse;
@@ -176,8 +176,8 @@ struct CdnaMainloop {
   static constexpr int kMaxChunks = (kTokensPerWave * kHeadDimQK * kMaxKvBytes / 16 + 63) / 64;
 
   // Raw 16-byte chunks of tile [kt, kt + 16) that this lane copies (tokens >= kv_end: zero).
-  __device__ void load_raw(uint4 (&raw)[kMaxChunks], const std::int32_t* table, int kt,
-                           int kv_end) const {
+  __device__ __forceinline__ void load_raw(uint4 (&raw)[kMaxChunks], const std::int32_t* table,
+                                           int kt, int kv_end) const {
     const DecodeArgs& a = p.a;
     // Opaque per tile: the chunks' offsets are recomputed here instead of held in registers
     // across the tile loop.
@@ -203,14 +203,14 @@ struct CdnaMainloop {
     }
   }
   // 8 compute values of dims d0 .. d0 + 7 of key `tok` (4 words) into the LDS tile.
-  __device__ void store8(const uint4& v, int tok, int d0) const {
+  __device__ __forceinline__ void store8(const uint4& v, int tok, int d0) const {
     const int p0 = d0 / 2;
     kv_tile[Layout::word(p0, tok)] = v.x;
     kv_tile[Layout::word(p0 + 1, tok)] = v.y;
     kv_tile[Layout::word(p0 + 2, tok)] = v.z;
     kv_tile[Layout::word(p0 + 3, tok)] = v.w;
   }
-  __device__ void store_tile(const uint4 (&raw)[kMaxChunks]) const {
+  __device__ __forceinline__ void store_tile(const uint4 (&raw)[kMaxChunks]) const {
     const int lane = opaque(lane_id()), tok0 = warp_id() * kTokensPerWave;  // as in load_raw
     const int row_chunks = kHeadDimQK * kv_bytes / 16;
 #pragma unroll
@@ -234,7 +234,7 @@ struct CdnaMainloop {
   }
 
   // ---- one piece ------------------------------------------------------------------------------
-  __device__ void run(const RequestPlan& rq, const Piece& pc) {
+  __device__ __forceinline__ void run(const RequestPlan& rq, const Piece& pc) {
     const int wave = warp_id(), lane = lane_id();
     const int g = lane >> 4, q = lane & 15;
     const int rg = wave / kColSplit, cs = wave - rg * kColSplit;
@@ -292,13 +292,14 @@ struct CdnaMainloop {
   }
 
   // This wave's Q^T k-steps in LDS: [s - kQRegs][lane] (8 bytes each).
-  __device__ uint2* q_lds() const {
+  __device__ __forceinline__ uint2* q_lds() const {
     return reinterpret_cast<uint2*>(kv_tile + Layout::kWords) + warp_id() * (kQLds * 64);
   }
 
-  __device__ void tile_step(const typename Atom::FragB (&qf)[kQRegs], int kt, bool need_mask,
-                            int row_limit, float& m_run, float& l_lane, typename Atom::Acc* o,
-                            int cs, int g, int q) const {
+  __device__ __forceinline__ void tile_step(const typename Atom::FragB (&qf)[kQRegs], int kt,
+                                            bool need_mask, int row_limit, float& m_run,
+                                            float& l_lane, typename Atom::Acc* o, int cs, int g,
+                                            int q) const {
     // S^T = K Q^T, one accumulator chain (the waves sharing a SIMD interleave their chains).
     typename Atom::Acc s0 = {0.0f, 0.0f, 0.0f, 0.0f};
     // K of k-step s: pairs 8 s + 2 g and + 1 at key q. Their swizzle term depends on
@@ -377,8 +378,8 @@ struct CdnaMainloop {
     }
   }
 
-  __device__ void epilogue(const Piece& pc, int row, float m_run, float l_lane,
-                           const typename Atom::Acc* o, int cs, int g) const {
+  __device__ __forceinline__ void epilogue(const Piece& pc, int row, float m_run, float l_lane,
+                                           const typename Atom::Acc* o, int cs, int g) const {
     float l = l_lane + shfl_xor(l_lane, 16);
     l += shfl_xor(l, 32);
     if (row >= rows) return;
