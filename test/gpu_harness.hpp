@@ -14,6 +14,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace mlakit::testing {
@@ -167,6 +168,21 @@ struct Case {
     return s;
   }
 };
+
+// The shape that aborts a production ROCm stack: bf16 Q, fp8 e4m3fn KV, 16 heads, q_len 8,
+// causal, page size 1 with CSR page ids, over requests of `kv_lens` tokens.
+inline Case seed_shape(std::vector<int> kv_lens) {
+  Case c;
+  c.q_type = DType::bf16;
+  c.kv_type = DType::fp8_e4m3fn;
+  c.heads = 16;
+  c.q_len = 8;
+  c.causal = true;
+  c.page_size = 1;
+  c.ids = PageIds::csr;
+  c.kv_lens = std::move(kv_lens);
+  return c;
+}
 
 inline std::uint16_t nan_bits16(DType t) { return t == DType::bf16 ? 0x7FC0 : 0x7E00; }
 inline std::uint8_t nan_bits8(DType t) { return t == DType::fp8_e4m3fn ? 0x7F : 0x80; }

@@ -470,11 +470,9 @@ struct Decode {
   // before anything is launched or any kernel attribute is set.
   static Status launch_with(const DecodeArgs& a, const DeviceInfo& dev, void* workspace,
                             std::size_t workspace_size, Stream stream) {
-    Status s = validate_device(dev);
-    if (s) s = detail::check_launch_device(dev, workspace, stream);
-    if (!s) return s;
     if constexpr (!Problem::kv_is_fixed && arch::kAnyKvForwardsFp8) {
-      // Same rows, policies and workspace: only the KV conversion is fixed.
+      // Same rows, policies and workspace: only the KV conversion is fixed. That launch_with
+      // makes the device checks below.
       if (a.kv_type == DType::fp8_e4m3fn)
         return Decode<detail::WithKv<Problem, fp8_e4m3fn_t>>::launch_with(a, dev, workspace,
                                                                           workspace_size, stream);
@@ -482,6 +480,9 @@ struct Decode {
         return Decode<detail::WithKv<Problem, fp8_e4m3fnuz_t>>::launch_with(a, dev, workspace,
                                                                             workspace_size, stream);
     }
+    Status s = validate_device(dev);
+    if (s) s = detail::check_launch_device(dev, workspace, stream);
+    if (!s) return s;
     if constexpr (Problem::kRows > 0) {
       // Only the policies these rows can get (policy_index_for: it depends on the device, and
       // on sm_90 on the batch and the page size, through thresholds only, so batch 1 and the
