@@ -11,7 +11,8 @@
 #     pipeline it cannot prove safe by adding a wait after every HGMMA, without always printing
 #     its C7515 note, so the count is the check;
 #  2. compiles decode()'s whole dispatch table for sm_90a and fails on any ptxas C7515 or
-#     C7520 note ("wgmma serialized").
+#     C7520 note ("wgmma serialized") and on any C7519 note (a warpgroup.arrive ptxas injected:
+#     every wgmma.fence the mainloops need is in their source).
 #   bash tools/check-wgmma.sh            (nvcc on PATH or in /usr/local/cuda/bin; needs pip for the
 #                                        disassembler wheel, downloaded once, not installed)
 # Environment: MLAKIT_TOOLS_DIR (default /tmp/mlakit-tools), MLAKIT_MAX_WAITS (default 8).
@@ -91,13 +92,13 @@ LIST
 printf '#include <mlakit/api/instantiate_dispatch.hpp>\n' >"$work/table.cu"
 nvcc -std=c++17 -arch=sm_90a -DMLAKIT_BACKEND_CUDA=1 -I"$root/include" -c "$work/table.cu" \
   -o "$work/table.o" -Xptxas -v >"$work/table.log" 2>&1 || { cat "$work/table.log"; exit 1; }
-notes=$(grep -cE 'C7515|C7520' "$work/table.log" || true)
+notes=$(grep -cE 'C7515|C7519|C7520' "$work/table.log" || true)
 kernels=$(grep -c 'Compiling entry function' "$work/table.log" || true)
 if [ "$notes" -ne 0 ]; then
-  grep -E 'C7515|C7520' "$work/table.log" | head -n 5
-  echo "dispatch table, sm_90a: $notes ptxas C7515 / C7520 note(s) (wgmma serialised) in $kernels kernels: FAILED"
+  grep -E 'C7515|C7519|C7520' "$work/table.log" | head -n 5
+  echo "dispatch table, sm_90a: $notes ptxas C7515 / C7519 / C7520 note(s) in $kernels kernels: FAILED"
   status=1
 else
-  echo "dispatch table, sm_90a: no ptxas C7515 or C7520 note in $kernels kernels: ok"
+  echo "dispatch table, sm_90a: no ptxas C7515, C7519 or C7520 note in $kernels kernels: ok"
 fi
 exit $status

@@ -40,11 +40,6 @@
 //     pb_issued). The running max is one value per row shared by both warpgroups, so they
 //     scale O and l identically.
 // A piece with an odd number of tiles gets one extra tile of zero-filled tokens, all masked.
-//
-// Timing builds (never for use: outputs are wrong): -DMLAKIT_WS_EXPERIMENT=1 makes the producer
-// signal every chunk without copying (the consumers' time alone), =2 makes the consumers wait
-// for and release every stage without matrix work (the producer's time alone). mlakit_bench
-// built with it times them (docs/performance.md has the numbers).
 #include <cstdint>
 
 #include "../arch/convert.hpp"
@@ -222,13 +217,6 @@ struct WsMainloop {
         pipe.producer_acquire(sb, kLo);
         fill(stage_b, db, sb, Half<0, 4>{});
       };
-#if defined(MLAKIT_WS_EXPERIMENT) && MLAKIT_WS_EXPERIMENT == 1
-      if (true) {
-        in_release_order([&](unsigned char*, const ThreadRows&, const State& hs, auto half) {
-          for (int c = half.c0; c < half.c1; ++c) pipe.producer_commit(hs, c);
-        });
-      } else
-#endif
       if constexpr (Tr::kDirect) {
         in_release_order([&](unsigned char* stage, const ThreadRows& d, const State& hs, auto half) {
           load_direct<decltype(half)::c0, decltype(half)::c1>(stage, d, pipe, hs, tid);
@@ -477,19 +465,24 @@ struct WsMainloop {
 
   // Issues chunks [C0, C1) of S = Q K^T (64 rows x 64 keys) for the tile of `st` as one
   // commit group, waiting for each 64-column chunk of K right before its four k-steps; chunk
-  // 8 takes Q from registers. `init`: the first k-step overwrites s.
-  template <int C0, int C1>
+  // 8 takes Q from registers. `init`: the first k-step overwrites s. `Stage`: the tile's stage,
+  // 0 for A and 1 for B (every pair starts at an even position of the ring), a constant so
+  // that the descriptors are formed in uniform registers.
+  template <int C0, int C1, int Stage>
   __device__ void issue_s(float (&s)[32], const State& st, const std::uint32_t (&rq)[16],
                           bool init) const {
     const Pipeline pipe{sv.bars};
     // Opaque here, so that the 32 loop-invariant descriptors of Q are formed at each use
     // instead of being hoisted out of the consumer loops (64 registers).
-    std::uint32_t q_addr = smem_u32(ss.q), kv_addr = smem_u32(ss.kv[st.stage()]);
+    std::uint32_t q_addr = smem_u32(ss.q), kv_addr = smem_u32(ss.kv[Stage]);
     asm volatile("" : "+r"(q_addr), "+r"(kv_addr));
-    arch::wgmma_fence();
 #pragma unroll
     for (int c = C0; c < C1; ++c) {
       pipe.consumer_wait(st, c);
+      // After each chunk's wait (a loop: a branch between two k-steps of the chain): the
+      // accumulator's registers are ordered for the next wgmma here, in the source, rather
+      // than by a warpgroup.arrive ptxas would inject (C7519).
+      arch::wgmma_fence();
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const std::uint32_t off = c * kChunkBytes + k * 32;
@@ -635,7 +628,7 @@ struct WsMainloop {
     const Pipeline pipe{sv.bars};
     float s[32], f[2];
     std::uint32_t pf[16];
-    issue_s<0, 9>(s, st, rq, true);
+    issue_s<0, 9, 0>(s, st, rq, true);
     arch::wgmma_wait<0>();
     arch::fence_operand(s);
     for (int pair = 0; pair < r.n_pairs; ++pair) {
@@ -649,7 +642,7 @@ struct WsMainloop {
       publish_max(2 * (pair & 1), wi, g, t, sm);
       arch::named_arrive(arch::NamedBarrier::max_a, kConsumerThreads);
       if (moved_a) scale_o(o, f);
-      issue_pv_regs(o, pf, smem_u32(ss.kv[st_a.stage()]), 0);
+      issue_pv_regs(o, pf, smem_u32(ss.kv[0]), 0);
       arch::wgmma_wait<0>();
       arch::fence_operand(o);  // (s is dead here: fencing it would keep 32 registers live)
       arch::fence_operand(pf);
@@ -675,19 +668,19 @@ struct WsMainloop {
       if (moved_b) scale_o(o, f);
       arch::named_sync(arch::NamedBarrier::pb_issued, kConsumerThreads);
       arch::fence_proxy_async_smem();  // B-lo was waited for by warpgroup 1
-      issue_pv_smem(o, sp_b(), smem_u32(ss.kv[st_b.stage()]), 0);
+      issue_pv_smem(o, sp_b(), smem_u32(ss.kv[1]), 0);
       // The next S_A's first half queues behind this P V; B-lo is released when the P V
       // retires. No register of s, o or pf is touched between the waits.
       const bool more = pair + 1 < r.n_pairs;
       if (more) {
-        issue_s<0, 4>(s, st, rq, true);
+        issue_s<0, 4, 0>(s, st, rq, true);
         arch::wgmma_wait<1>();
       } else {
         arch::wgmma_wait<0>();
       }
       arch::fence_operand(o);
       pipe.consumer_release(st_b, kLo);
-      if (more) issue_s<4, 9>(s, st, rq, false);
+      if (more) issue_s<4, 9, 0>(s, st, rq, false);
       arch::wgmma_wait<0>();
       arch::fence_operand(s);
       arch::fence_operand(o);
@@ -709,8 +702,8 @@ struct WsMainloop {
       st.advance();
       // Issued right after the previous pair's P V retired (nothing runs in between), from
       // one call site: a second copy of its 36 wgmma cost instruction-cache misses.
-      issue_s<4, 9>(s, st_b, rq, true);
-      issue_s<0, 4>(s, st_b, rq, false);
+      issue_s<4, 9, 1>(s, st_b, rq, true);
+      issue_s<0, 4, 1>(s, st_b, rq, false);
       arch::wgmma_wait<0>();
       arch::fence_operand(s);
       const int kt_b = r.kv_begin + 128 * pair + 64;
@@ -724,10 +717,10 @@ struct WsMainloop {
       store_p(pf, sp_b(), wi, g, t);
       arch::fence_proxy_async_smem();
       if (moved) scale_o(o, f);
-      issue_pv_regs(o, pf, smem_u32(ss.kv[st_b.stage()]), 1);
+      issue_pv_regs(o, pf, smem_u32(ss.kv[1]), 1);
       arch::named_sync(arch::NamedBarrier::p_a, kConsumerThreads);
       arch::fence_proxy_async_smem();  // A-hi was waited for by warpgroup 0
-      issue_pv_smem(o, sp_a(), smem_u32(ss.kv[st_a.stage()]), 1);
+      issue_pv_smem(o, sp_a(), smem_u32(ss.kv[0]), 1);
       arch::named_arrive(arch::NamedBarrier::pb_issued, kConsumerThreads);
       arch::wgmma_wait<1>();
       pipe.consumer_release(st_b, kHi);  // S_B and P V of B were the reads of B-hi
@@ -772,29 +765,6 @@ struct WsMainloop {
       // One loop per warpgroup: ptxas analyses wgmma hazards on the control-flow graph, and
       // a shared loop body would merge warpgroup 0's in-flight P V with warpgroup 1's
       // rescale of O, serialising every wgmma.
-#if defined(MLAKIT_WS_EXPERIMENT) && MLAKIT_WS_EXPERIMENT == 2
-      if (true) {
-        const Pipeline pipe{sv.bars};
-        for (int pair = 0; pair < r.n_pairs; ++pair) {
-          const State st_a = st;
-          st.advance();
-          const State st_b = st;
-          st.advance();
-          if (wg == 0) {
-            for (int c = 0; c < 9; ++c) pipe.consumer_wait(st_a, c);
-            pipe.consumer_release(st_a, kLo);
-            for (int c = 0; c < 4; ++c) pipe.consumer_wait(st_b, c);
-            pipe.consumer_release(st_b, kLo);
-          } else {
-            for (int c = 0; c < 9; ++c) pipe.consumer_wait(st_b, c);
-            pipe.consumer_release(st_b, kHi);
-            for (int c = 4; c < 8; ++c) pipe.consumer_wait(st_a, c);
-            pipe.consumer_release(st_a, kHi);
-          }
-          o[pair & 127] += static_cast<float>(rq[pair & 15]);
-        }
-      } else
-#endif
       if (wg == 0)
         consume_a(r, st, mask_from, sm, o, rq, wi, g, t);
       else
