@@ -18,7 +18,7 @@
 
 namespace mlakit {
 
-#if !defined(MLAKIT_PLATFORM_NONE)
+#if defined(MLAKIT_HAS_GPU_BACKEND)
 namespace detail {
 
 template <int QLen>
@@ -64,11 +64,11 @@ Status DispatchEntry<P>::launch(const DecodeArgs& a, const DeviceInfo& dev, void
   X(HotFp8<1>)                       \
   X(HotFp8<2>) X(HotFp8<4>) X(HotFp8<8>) X(HotBf16<1>) X(HotBf16<2>) X(HotBf16<4>) X(HotBf16<8>)
 #endif
-#if defined(MLAKIT_PLATFORM_CUDA)
-#define MLAKIT_DETAIL_FP8_ENTRIES(X) X(TableBf16E4m3fn) X(TableFp16E4m3fn)
-#else
+#if defined(MLAKIT_HAS_CDNA_KERNELS)
 #define MLAKIT_DETAIL_FP8_ENTRIES(X) \
   X(TableBf16E4m3fn) X(TableFp16E4m3fn) X(TableBf16E4m3fnuz) X(TableFp16E4m3fnuz)
+#else
+#define MLAKIT_DETAIL_FP8_ENTRIES(X) X(TableBf16E4m3fn) X(TableFp16E4m3fn)
 #endif
 #define MLAKIT_DETAIL_DISPATCH_ENTRIES(X) \
   MLAKIT_DETAIL_HOT_ENTRIES(X)            \
@@ -116,7 +116,7 @@ inline Status dispatch(const DecodeArgs& a, const DeviceInfo& dev, void* ws, std
       return DispatchEntry<TableBf16Bf16>::launch(a, dev, ws, bytes, stream);
     if (a.kv_type == DType::fp8_e4m3fn)
       return DispatchEntry<TableBf16E4m3fn>::launch(a, dev, ws, bytes, stream);
-#if !defined(MLAKIT_PLATFORM_CUDA)
+#if defined(MLAKIT_HAS_CDNA_KERNELS)
     if (a.kv_type == DType::fp8_e4m3fnuz)
       return DispatchEntry<TableBf16E4m3fnuz>::launch(a, dev, ws, bytes, stream);
 #endif
@@ -126,7 +126,7 @@ inline Status dispatch(const DecodeArgs& a, const DeviceInfo& dev, void* ws, std
     return DispatchEntry<TableFp16Fp16>::launch(a, dev, ws, bytes, stream);
   if (a.kv_type == DType::fp8_e4m3fn)
     return DispatchEntry<TableFp16E4m3fn>::launch(a, dev, ws, bytes, stream);
-#if !defined(MLAKIT_PLATFORM_CUDA)
+#if defined(MLAKIT_HAS_CDNA_KERNELS)
   if (a.kv_type == DType::fp8_e4m3fnuz)
     return DispatchEntry<TableFp16E4m3fnuz>::launch(a, dev, ws, bytes, stream);
 #endif
@@ -149,15 +149,15 @@ inline Status decode(const DecodeArgs& a, void* workspace, std::size_t workspace
   if (s) s = detail::check_workspace_pointer(workspace, workspace_size);
   if (s) s = detail::backend_status();  // supported(a), validated once
   if (!s || a.batch == 0) return s;
-#if defined(MLAKIT_PLATFORM_NONE)
+#if defined(MLAKIT_HAS_GPU_BACKEND)
+  DeviceInfo dev;
+  if (!(s = cached_device_info(&dev))) return s;
+  return detail::dispatch(a, dev, workspace, workspace_size, stream);
+#else
   (void)workspace;
   (void)workspace_size;
   (void)stream;
   return Status(StatusCode::not_supported, "no GPU backend");
-#else
-  DeviceInfo dev;
-  if (!(s = cached_device_info(&dev))) return s;
-  return detail::dispatch(a, dev, workspace, workspace_size, stream);
 #endif
 }
 

@@ -5,7 +5,7 @@
 // compiled with MLAKIT_EXTERN_DISPATCH defined. Host-only builds (no CUDA or HIP) get nothing.
 #include "dispatch.hpp"
 
-#if !defined(MLAKIT_PLATFORM_NONE)
+#if defined(MLAKIT_HAS_GPU_BACKEND)
 namespace mlakit::detail {
 #define MLAKIT_DETAIL_INSTANTIATE_ENTRY(P) template struct DispatchEntry<P>;
 MLAKIT_DETAIL_DISPATCH_ENTRIES(MLAKIT_DETAIL_INSTANTIATE_ENTRY)

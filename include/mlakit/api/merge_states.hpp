@@ -25,15 +25,15 @@ inline Status merge_states(const MergeArgs& a, Stream stream) {
     s = Status(StatusCode::not_supported,
                "no GPU backend: mlakit was compiled without CUDA or HIP (see README)");
   if (!s || a.num_tokens == 0) return s;
-#if defined(MLAKIT_PLATFORM_NONE)
-  (void)stream;
-  return s;
-#else
+#if defined(MLAKIT_HAS_GPU_BACKEND)
   int device = 0;
   if (!(s = detail::current_device(&device))) return s;
   s = detail::with_relaxed_capture([&] { return detail::check_stream_device(stream, device); });
   if (!s) return s;
   return detail::launch_merge(a, stream);
+#else
+  (void)stream;
+  return s;
 #endif
 }
 

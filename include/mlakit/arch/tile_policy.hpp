@@ -35,33 +35,38 @@ constexpr int keys_as_m_ctas_per_sm(int rows, int kv_bytes = 1) {
 enum class IdsAhead : int { never = 0, always = 1, small_pages = 2 };
 
 struct TilePolicy {
-  int rows;         // rows (token, head) per CTA: 16, 32 or 64
-  int kv_tile;      // KV tokens per pipeline step
-  int threads;      // threads per CTA
-  int stages;       // KV tiles in shared memory when KV needs no conversion
-  int raw_bytes;    // shared bytes for raw KV staging when KV is converted (fp8 / other 16-bit)
-  int ctas_per_sm;  // CTAs resident per SM (launch bounds); the automatic split plan aims for
-                    // one wave of them (plan_num_ctas)
-  int fp8_stages;   // raw KV stages when the matrix atom reads e4m3fn KV raw (NVIDIA)
-  Mainloop mainloop;
+  int rows = 0;         // rows (token, head) per CTA: 16, 32 or 64 (128 on AMD)
+  int kv_tile = 0;      // KV tokens per pipeline step
+  int threads = 0;      // threads per CTA
+  int stages = 0;       // KV tiles in shared memory when KV needs no conversion
+  int raw_bytes = 0;    // shared bytes for raw KV staging when KV is converted (fp8 / other 16-bit)
+  int ctas_per_sm = 0;  // CTAs resident per SM (launch bounds); the automatic split plan aims
+                        // for one wave of them (plan_num_ctas)
+  int fp8_stages = 0;   // raw KV stages when the matrix atom reads e4m3fn KV raw (NVIDIA)
+  Mainloop mainloop = Mainloop::warp_mma;
   // e4m3fn raw path: each thread loads its token's page id one tile ahead of the copies (one
   // token per thread). That takes the dependent page-table loads of small pages off the path
   // between a tile's barrier and its copies, but changes the code of the whole loop, so each
-  // policy takes the variant measured fastest for it (docs/performance.md, "Constants").
+  // policy takes the variant that is faster for it (docs/performance.md, "Constants").
   IdsAhead fp8_ids_ahead = IdsAhead::never;
   // e4m3fn raw path (NVIDIA): CTAs resident per SM when that path's smaller shared memory
   // allows more than ctas_per_sm (0: ctas_per_sm). Launch bounds of that kernel
   // (DecodeTraits::kCtasPerSm); the automatic plan aims for them from kFp8CtasMinRowTiles row
-  // tiles of work up (api/decode.hpp, plan_ctas_per_sm).
+  // tiles of work up (api/kernel_choice.hpp, plan_ctas_per_sm).
   int fp8_ctas_per_sm = 0;
   // e4m3fn KV on sm_90a: the mainloop that runs instead of `mainloop` (keys_as_m for the
   // 16- and 32-row tiles; warp_mma: the same as for other KV).
   Mainloop fp8_mainloop = Mainloop::warp_mma;
+  // e4m3fn KV on sm_90a below kFp8CtasMinRowTiles requests x row tiles, in automatic split
+  // mode: the keys-as-M kernel still runs, planning for itself (no planner launch), instead of
+  // the policy's own kernel (KtConfig::kSelfPlanSmall, which the launch checks against it;
+  // docs/performance.md, "Constants").
+  bool fp8_self_plan_small = false;
   // Automatic split plan: least KV tiles (64 tokens) of a piece of a request of at most
   // kShortRequestTiles tiles (core/plan.hpp, PlanShape::min_piece_tiles). 1 for the NVIDIA
   // 16-row tile, whose pieces cost little beyond their KV (18 KB of Q each), so short
-  // requests gain from more of them; longer requests keep two tiles per piece, where the
-  // extra pieces measured slower (docs/performance.md, "Constants").
+  // requests gain from more of them; longer requests keep two tiles per piece, where more
+  // pieces cost more than they gain (docs/performance.md, "Constants").
   int min_piece_tiles = kMinPieceTiles;
   // KV of the Q type (bf16 / fp16) on sm_90a from kFp8CtasMinRowTiles requests x row tiles
   // up and pages of at least kKtDirectMinPage tokens: the mainloop that runs instead of
@@ -87,15 +92,61 @@ inline constexpr int kFp8CtasMinRowTiles = 32;
 // A kv_any_t problem hands fp8 KV to the kernels of the fixed fp8 type (Decode::launch_with),
 // so its own kernels convert 16-bit KV only: one conversion path, in the registers it leaves.
 inline constexpr bool kAnyKvForwardsFp8 = true;
-inline constexpr TilePolicy kPolicies[] = {
-    {16, 16, 128, 1, 0, 3, 1, Mainloop::cdna},
-    {32, 16, 256, 1, 0, 2, 1, Mainloop::cdna},
-    {64, 16, 512, 1, 0, 1, 1, Mainloop::cdna},
-    {128, 16, 512, 1, 0, 1, 1, Mainloop::cdna},
-};
+// The matrix atom widens no raw e4m3fn operand: every fp8 cache is converted on its way in.
+inline constexpr bool kE4m3fnOperands = false;
+// No sm_90a wgmma mainloop (warpgroup_ws, keys_as_m) exists for this target.
+inline constexpr bool kHopperMainloops = false;
+
+// Every CDNA tile: one 16-token KV tile in LDS, no raw staging.
+constexpr TilePolicy cdna_tile() {
+  TilePolicy p;
+  p.mainloop = Mainloop::cdna;
+  p.kv_tile = 16;
+  p.stages = 1;
+  p.raw_bytes = 0;
+  p.fp8_stages = 1;
+  return p;
+}
+constexpr TilePolicy cdna_rows16() {
+  TilePolicy p = cdna_tile();
+  p.rows = 16;
+  p.threads = 128;
+  p.ctas_per_sm = 3;
+  return p;
+}
+constexpr TilePolicy cdna_rows32() {
+  TilePolicy p = cdna_tile();
+  p.rows = 32;
+  p.threads = 256;
+  p.ctas_per_sm = 2;
+  return p;
+}
+constexpr TilePolicy cdna_rows64() {
+  TilePolicy p = cdna_tile();
+  p.rows = 64;
+  p.threads = 512;
+  p.ctas_per_sm = 1;
+  return p;
+}
+constexpr TilePolicy cdna_rows128() {
+  TilePolicy p = cdna_tile();
+  p.rows = 128;
+  p.threads = 512;
+  p.ctas_per_sm = 1;
+  return p;
+}
+inline constexpr TilePolicy kPolicies[] = {cdna_rows16(), cdna_rows32(), cdna_rows64(),
+                                           cdna_rows128()};
 #else
 
 inline constexpr bool kAnyKvForwardsFp8 = false;
+// The matrix atom reads e4m3fn KV raw and widens it to f16 in registers (DecodeTraits::
+// kFp8Operands). Host-only builds model this table (workspace sizes, plans).
+inline constexpr bool kE4m3fnOperands = true;
+// The policies name sm_90a wgmma mainloops (warpgroup_ws, keys_as_m); whether a device runs
+// them is the launch's run-time probe of the kernel's code.
+inline constexpr bool kHopperMainloops = true;
+
 // NVIDIA sm_80/sm_90, up to 227 KB of shared memory per block.
 // rows 16 (bandwidth-bound shapes): 4 warps, 32-token tiles (64-token tiles cost scattered
 //   small pages more than they save on large ones), ~92 KB, two CTAs per SM so one CTA's
@@ -114,13 +165,53 @@ inline constexpr bool kAnyKvForwardsFp8 = false;
 //   refilled without waiting for a conversion; the fallback elsewhere (sm_80) is mma.sync with
 //   8 warps and the numbers below.
 // The measurement behind each choice: docs/performance.md, "Design decisions" and "Constants".
-inline constexpr TilePolicy kPolicies[] = {
-    {16, 32, 128, 2, 36864, 2, 2, Mainloop::warp_mma, IdsAhead::small_pages, 3, Mainloop::keys_as_m,
-     1, Mainloop::keys_as_m},
-    {32, 64, 256, 2, 110592, 1, 4, Mainloop::warp_mma, IdsAhead::always, 0, Mainloop::keys_as_m,
-     kMinPieceTiles, Mainloop::keys_as_m},
-    {64, 64, 256, 2, 73728, 1, 3, Mainloop::warpgroup_ws, IdsAhead::never, 0, Mainloop::keys_as_m},
-};
+constexpr TilePolicy nvidia_rows16() {
+  TilePolicy p;
+  p.rows = 16;
+  p.kv_tile = 32;
+  p.threads = 128;
+  p.stages = 2;
+  p.raw_bytes = 36864;
+  p.ctas_per_sm = 2;
+  p.fp8_stages = 2;
+  p.mainloop = Mainloop::warp_mma;
+  p.fp8_ids_ahead = IdsAhead::small_pages;
+  p.fp8_ctas_per_sm = 3;
+  p.fp8_mainloop = Mainloop::keys_as_m;
+  p.fp8_self_plan_small = true;
+  p.min_piece_tiles = 1;
+  p.direct_mainloop = Mainloop::keys_as_m;
+  return p;
+}
+constexpr TilePolicy nvidia_rows32() {
+  TilePolicy p;
+  p.rows = 32;
+  p.kv_tile = 64;
+  p.threads = 256;
+  p.stages = 2;
+  p.raw_bytes = 110592;
+  p.ctas_per_sm = 1;
+  p.fp8_stages = 4;
+  p.mainloop = Mainloop::warp_mma;
+  p.fp8_ids_ahead = IdsAhead::always;
+  p.fp8_mainloop = Mainloop::keys_as_m;
+  p.direct_mainloop = Mainloop::keys_as_m;
+  return p;
+}
+constexpr TilePolicy nvidia_rows64() {
+  TilePolicy p;
+  p.rows = 64;
+  p.kv_tile = 64;
+  p.threads = 256;
+  p.stages = 2;
+  p.raw_bytes = 73728;
+  p.ctas_per_sm = 1;
+  p.fp8_stages = 3;
+  p.mainloop = Mainloop::warpgroup_ws;
+  p.fp8_mainloop = Mainloop::keys_as_m;
+  return p;
+}
+inline constexpr TilePolicy kPolicies[] = {nvidia_rows16(), nvidia_rows32(), nvidia_rows64()};
 #endif
 
 inline constexpr int kNumPolicies = sizeof(kPolicies) / sizeof(kPolicies[0]);

@@ -19,7 +19,7 @@
 #include "../platform/runtime.hpp"
 #include "workspace.hpp"
 
-#if !defined(MLAKIT_PLATFORM_NONE)
+#if defined(MLAKIT_HAS_GPU_BACKEND)
 
 namespace mlakit::detail {
 
@@ -42,10 +42,9 @@ struct CombineLayout {
 
 // Layout for a plan over `rows` rows per request on `sm_count` SMs: about one warp per four
 // pieces of an average request, first more warps per row (at most the whole block), then
-// column slices while the grid has fewer blocks than SMs. On the H200, a row of 257 pieces
-// (batch 1, kv_len 131072, q_len 1) merged in 45 us (under ncu) with 8 warps per row and no
-// slices: 16 blocks, each warp walking 32 pieces of 2 KB; 4 slices took the whole call from
-// 65 to 57 us. With 128 rows (q_len 8) the slices made it 0.5 us slower: enough blocks already.
+// column slices while the grid has fewer blocks than SMs. A warp walking many pieces is bound
+// by the latency of its loads, so long rows take more warps and a small grid more blocks;
+// once the grid has a block per SM, slices only add blocks (docs/performance.md, "Constants").
 inline CombineLayout combine_layout(const PlanShape& shape, int rows, int sm_count) {
   const int avg = shape.batch > 0 ? (shape.num_ctas + shape.batch - 1) / shape.batch : 1;
   CombineLayout l;
@@ -206,4 +205,4 @@ inline Status launch_combine(const DecodeArgs& a, const WorkspaceView& ws, Combi
 
 }  // namespace mlakit::detail
 
-#endif  // !MLAKIT_PLATFORM_NONE
+#endif  // MLAKIT_HAS_GPU_BACKEND

@@ -37,7 +37,7 @@
 #include "smem_tile.hpp"
 #include "workspace.hpp"
 
-#if !defined(MLAKIT_PLATFORM_NONE)
+#if defined(MLAKIT_HAS_GPU_BACKEND)
 
 namespace mlakit::detail {
 
@@ -50,12 +50,8 @@ struct DecodeTraits {
   // e4m3fn KV (NVIDIA): tiles stay raw in shared memory and the matrix atom widens them to
   // f16 in registers right before the mma; the compute type is f16 and Q is stored in f16
   // with a power-of-two scale per row (exact for bf16 Q: 8 significant bits fit in 11).
-#if defined(MLAKIT_PLATFORM_CUDA)
-  static constexpr bool kFp8Operands =
-      Problem::kv_is_fixed && std::is_same_v<typename Problem::kv_type, fp8_e4m3fn_t>;
-#else
-  static constexpr bool kFp8Operands = false;
-#endif
+  static constexpr bool kFp8Operands = arch::kE4m3fnOperands && Problem::kv_is_fixed &&
+                                       std::is_same_v<typename Problem::kv_type, fp8_e4m3fn_t>;
   using T = std::conditional_t<kFp8Operands, fp16_t, Tq>;  // compute type of the matrix atom
   using Atom = arch::MmaAtom<T>;
   using Copy = arch::DefaultCopyAtom;
@@ -124,13 +120,10 @@ struct DecodeTraits {
   // e4m3fn KV of a policy whose fp8 mainloop is keys_as_m, and KV of the Q type of a policy
   // whose direct mainloop is: decode_kernel_kt (decode_kt_sm90.hpp, which checks the policy's
   // row count) on sm_90a, this kernel elsewhere.
-#if defined(MLAKIT_PLATFORM_CUDA)
   static constexpr bool kKeysAsM =
-      (kFp8Operands && kPolicy.fp8_mainloop == arch::Mainloop::keys_as_m) ||
-      (kDirect && kPolicy.direct_mainloop == arch::Mainloop::keys_as_m);
-#else
-  static constexpr bool kKeysAsM = false;
-#endif
+      arch::kHopperMainloops &&
+      ((kFp8Operands && kPolicy.fp8_mainloop == arch::Mainloop::keys_as_m) ||
+       (kDirect && kPolicy.direct_mainloop == arch::Mainloop::keys_as_m));
 
   __device__ static int heads(const DecodeArgs& a) {
     return Problem::kHeads > 0 ? Problem::kHeads : a.num_heads;
@@ -492,8 +485,9 @@ struct DecodeMainloop {
       // `it` was loaded at step `it - 1` (a lookup right before the copies puts one or two
       // dependent global loads, CSR: kv_indptr then kv_indices, between every tile's barrier
       // and its copies). Fixed per kernel: the same choice made inside one kernel at run time
-      // (page_size < KvTile) measured slower than either; where it depends on the page size
-      // the launch picks one of two kernels instead (DecodeTraits::kIdsAheadByPage).
+      // (page_size < KvTile) is slower than either form (docs/performance.md, "Constants");
+      // where it depends on the page size the launch picks one of two kernels instead
+      // (DecodeTraits::kIdsAheadByPage).
       constexpr bool kIdsAhead = Tr::kIdsAhead;
       const std::int32_t* table = kIdsAhead ? page_table() : nullptr;
       int next_id = 0;
@@ -837,4 +831,4 @@ __global__ void __launch_bounds__(Tr::kThreads, launch_bounds_residency(Tr::kThr
 
 }  // namespace mlakit::detail
 
-#endif  // !MLAKIT_PLATFORM_NONE
+#endif  // MLAKIT_HAS_GPU_BACKEND

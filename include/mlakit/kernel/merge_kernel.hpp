@@ -19,7 +19,7 @@
 #include "../platform/intrinsics.hpp"
 #include "../platform/runtime.hpp"
 
-#if !defined(MLAKIT_PLATFORM_NONE)
+#if defined(MLAKIT_HAS_GPU_BACKEND)
 
 namespace mlakit::detail {
 
@@ -179,4 +179,4 @@ inline Status launch_merge(const MergeArgs& a, Stream stream) {
 
 }  // namespace mlakit::detail
 
-#endif  // !MLAKIT_PLATFORM_NONE
+#endif  // MLAKIT_HAS_GPU_BACKEND

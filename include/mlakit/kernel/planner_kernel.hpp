@@ -8,7 +8,18 @@
 #include "../platform/platform.hpp"
 #include "workspace.hpp"
 
-#if !defined(MLAKIT_PLATFORM_NONE)
+namespace mlakit::detail {
+
+// Automatic-mode batches up to this many requests are planned by the mma.sync decode kernel
+// itself (every block, RequestPlan[batch] in shared memory): no planner launch. The slack
+// covers the planner's static shared memory (scan storage) next to the kernel's own.
+inline constexpr int kSelfPlanMaxBatch = 128;
+inline constexpr int kSelfPlanBytes = kSelfPlanMaxBatch * static_cast<int>(sizeof(RequestPlan));
+inline constexpr int kSelfPlanStaticSlack = 1024;
+
+}  // namespace mlakit::detail
+
+#if defined(MLAKIT_HAS_GPU_BACKEND)
 
 namespace mlakit::detail {
 
@@ -16,12 +27,6 @@ inline constexpr int kPlannerThreads = 1024;
 // Batches up to this many requests get a planner block of this size: one pass per scan and
 // fewer threads to synchronise, which shortens the planner on the small-batch latency path.
 inline constexpr int kSmallPlannerThreads = 128;
-// Automatic-mode batches up to this many requests are planned by the mma.sync decode kernel
-// itself (every block, RequestPlan[batch] in shared memory): no planner launch. The slack
-// covers the planner's static shared memory (scan storage) next to the kernel's own.
-inline constexpr int kSelfPlanMaxBatch = 128;
-inline constexpr int kSelfPlanBytes = kSelfPlanMaxBatch * static_cast<int>(sizeof(RequestPlan));
-inline constexpr int kSelfPlanStaticSlack = 1024;
 
 // The plan's per-request part, computed by one block of `Threads` threads: passes 1-3 below
 // write RequestPlan[batch] to `req` (global memory in plan_kernel, shared memory in a decode
@@ -190,4 +195,4 @@ __global__ void __launch_bounds__(Threads)
 
 }  // namespace mlakit::detail
 
-#endif  // !MLAKIT_PLATFORM_NONE
+#endif  // MLAKIT_HAS_GPU_BACKEND

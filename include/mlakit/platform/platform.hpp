@@ -26,3 +26,22 @@
 #if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__) || defined(MLAKIT_PLATFORM_EMULATED)
 #define MLAKIT_DEVICE_PASS 1
 #endif
+
+// Capabilities, for the layers above arch/ to test instead of the vendor (they never name
+// MLAKIT_PLATFORM_*):
+//   MLAKIT_HAS_GPU_BACKEND   CUDA, HIP or the emulated AMD device: kernels, launches and
+//                            runtime calls exist (not defined in a host-only build, which keeps
+//                            the host API: validation, workspace sizes, plans, the reference).
+//   MLAKIT_HAS_SM90A_KERNELS the Hopper wgmma kernels (kernel/decode_ws_sm90.hpp,
+//                            kernel/decode_kt_sm90.hpp) are compiled: NVIDIA. Whether a device
+//                            runs their sm_90a code is a run-time probe (platform/runtime.hpp).
+//   MLAKIT_HAS_CDNA_KERNELS  the CDNA mainloop (kernel/decode_cdna.hpp) is compiled: AMD.
+#if !defined(MLAKIT_PLATFORM_NONE)
+#define MLAKIT_HAS_GPU_BACKEND 1
+#endif
+#if defined(MLAKIT_PLATFORM_CUDA)
+#define MLAKIT_HAS_SM90A_KERNELS 1
+#endif
+#if defined(MLAKIT_PLATFORM_HIP)
+#define MLAKIT_HAS_CDNA_KERNELS 1
+#endif

@@ -174,11 +174,11 @@ inline DriverFuncSetAttribute driver_func_set_attribute() {
 
 // Allows `kernel` to use `bytes` of dynamic shared memory (above the 48 KB default on NVIDIA)
 // on the current device.
-// CUDA: cudaFuncSetAttribute resets the calling thread's last error (CUDA 13 runtime,
-// measured on the H200), which would consume an error other code left there. The attribute
-// is therefore set on the kernel's driver function (cudaGetFuncBySymbol +
-// cuFuncSetAttribute), which leaves the last error alone; cudaFuncSetAttribute is the
-// fallback where the driver entry point is missing.
+// CUDA: the attribute is set on the kernel's driver function (cudaGetFuncBySymbol +
+// cuFuncSetAttribute), which leaves the calling thread's last error alone: the library never
+// consumes an error other code left there, and cudaFuncSetAttribute resets it (CUDA 13;
+// docs/performance.md, "Constants"). cudaFuncSetAttribute is the fallback where the driver
+// entry point is missing.
 // max_carveout: also prefer the largest shared-memory carveout (for a kernel whose residency
 // of several CTAs per SM needs most of it: the keys-as-M kernel, two CTAs of 95 KB).
 template <class Kernel>
@@ -220,6 +220,26 @@ inline Status set_dynamic_smem(Kernel kernel, int bytes, bool max_carveout = fal
 #endif
   });
 }
+
+#if defined(MLAKIT_PLATFORM_CUDA)
+// The code the runtime loads for `kernel` on the current device: its target (10 x major +
+// minor of the architecture it was compiled for: 90 for sm_90 and sm_90a code) and the static
+// shared memory it declares (the only trace of code compiled for sm_90a alone, where a kernel
+// declares storage that its other targets' code does not).
+struct KernelImage {
+  int binary_version = 0;
+  int static_smem_bytes = 0;
+};
+template <class Kernel>
+inline Status kernel_image(Kernel kernel, KernelImage* image) {
+  cudaFuncAttributes attr{};
+  const Status s = rt_check(cudaFuncGetAttributes(&attr, kernel), "cudaFuncGetAttributes");
+  if (!s) return s;
+  image->binary_version = attr.binaryVersion;
+  image->static_smem_bytes = static_cast<int>(attr.sharedSizeBytes);
+  return Status::ok();
+}
+#endif
 
 inline std::string pointer_string(const void* p) {
   char buf[32];
