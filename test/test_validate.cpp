@@ -514,8 +514,9 @@ TEST_CASE(
       const bool e4m3 = kv == DType::fp8_e4m3fn;
       const bool three = e4m3 && batch >= arch::kFp8CtasMinRowTiles;
       // sm_80: the mma.sync kernel's e4m3fn path keeps three CTAs per SM.
-      CHECK(detail::table_ctas_per_sm(a, idx, a100.arch) == (e4m3 ? 3 : 2));
-      CHECK(detail::plan_ctas_per_sm(a, idx, detail::table_ctas_per_sm(a, idx, a100.arch)) ==
+      CHECK(detail::choose_kernel(a, a100, idx).resident_ctas_per_sm == (e4m3 ? 3 : 2));
+      CHECK(detail::plan_ctas_per_sm(a, idx,
+                                     detail::choose_kernel(a, a100, idx).resident_ctas_per_sm) ==
             (three ? 3 : 2));
       // A kernel that keeps two resident (a kv_any_t entry given e4m3fn KV) is planned for two.
       CHECK(detail::plan_ctas_per_sm(a, idx, 2) == 2);
@@ -524,7 +525,7 @@ TEST_CASE(
       // sm_90: e4m3fn runs the keys-as-M kernel, two CTAs per SM at every batch; so do the
       // other KV types below 32 requests (mma.sync); the 16-bit keys-as-M form keeps one.
       const int ctas90 = direct16 ? 1 : 2;
-      CHECK(detail::table_ctas_per_sm(a, idx, kH100.arch) == ctas90);
+      CHECK(detail::choose_kernel(a, kH100, idx).resident_ctas_per_sm == ctas90);
       const PlanShape s90 = detail::plan_shape(a, idx, kH100);
       CHECK(s90.num_ctas == ctas90 * kH100.sm_count);
       // The workspace holds the plan of either CTA count, whatever the KV type.
@@ -559,8 +560,9 @@ void check_one_cta_fp8_plan(int rows, std::initializer_list<std::pair<int, int>>
       REQUIRE(arch::kPolicies[idx].rows == rows);
       CHECK(arch::keys_as_m_ctas_per_sm(rows) == arch::kPolicies[idx].ctas_per_sm);
       for (const DeviceInfo& dev : {kH100, a100}) {
-        CHECK(detail::table_ctas_per_sm(a, idx, dev.arch) == 1);
-        CHECK(detail::plan_ctas_per_sm(a, idx, detail::table_ctas_per_sm(a, idx, dev.arch)) == 1);
+        CHECK(detail::choose_kernel(a, dev, idx).resident_ctas_per_sm == 1);
+        CHECK(detail::plan_ctas_per_sm(
+                  a, idx, detail::choose_kernel(a, dev, idx).resident_ctas_per_sm) == 1);
         const PlanShape sh = detail::plan_shape(a, idx, dev);
         CHECK(std::size_t(detail::workspace_layout(sh, sh.row_tiles * rows).bytes) <=
               workspace_bytes(a, dev));

@@ -19,6 +19,7 @@
 #include "../kernel/problem.hpp"
 #include "../kernel/workspace.hpp"
 #include "../platform/runtime.hpp"
+#include "kernel_choice.hpp"
 
 namespace mlakit {
 
@@ -55,89 +56,6 @@ inline Status check_workspace_pointer(const void* workspace, std::size_t workspa
   return Status::ok();
 }
 
-// Row tiling and plan shape of a request mix for tile policy `policy` (arch::kPolicies), for a
-// kernel with `ctas_per_sm` CTAs resident per SM.
-inline PlanShape plan_shape_for(const DecodeArgs& a, int policy, const DeviceInfo& dev,
-                                int ctas_per_sm) {
-  const arch::TilePolicy& tp = arch::kPolicies[policy];
-  PlanShape s;
-  s.batch = a.batch;
-  s.row_tiles = (a.rows() + tp.rows - 1) / tp.rows;
-  s.mode = a.split_mode;
-  s.fixed_splits = a.split_mode == SplitMode::fixed ? a.num_splits : 1;
-  s.min_piece_tiles = tp.min_piece_tiles;
-  // The longest clamped length the mapping allows: a block table's capacity is the same for
-  // every request (page_capacity reads no memory for it); CSR capacities live on the device.
-  s.may_shift = line_may_shift(s, a.page_ids == PageIds::block_table
-                                      ? clamp_kv_len(kMaxKvLen, page_capacity(a, 0))
-                                      : kMaxKvLen);
-  s.num_ctas =
-      plan_num_ctas(s.mode, s.fixed_splits, s.batch, s.row_tiles, dev.sm_count, ctas_per_sm);
-  return s;
-}
-
-// Requests x row tiles of `a` with policy `policy`: the work measure of the CTA-count and
-// kernel choices that switch at arch::kFp8CtasMinRowTiles.
-inline std::int64_t request_row_tiles(const DecodeArgs& a, int policy) {
-  const int rows = arch::kPolicies[policy].rows;
-  return std::int64_t(a.batch) * ((a.rows() + rows - 1) / rows);
-}
-
-// CTAs per SM the automatic plan of `a` aims for with policy `policy`, for a kernel that keeps
-// `resident` CTAs per SM (DecodeTraits::kCtasPerSm): more than the policy's ctas_per_sm only
-// from kFp8CtasMinRowTiles requests x row tiles up, fewer whenever the kernel keeps fewer.
-inline int plan_ctas_per_sm(const DecodeArgs& a, int policy, int resident) {
-  const arch::TilePolicy& tp = arch::kPolicies[policy];
-  return resident > tp.ctas_per_sm && request_row_tiles(a, policy) < arch::kFp8CtasMinRowTiles
-             ? tp.ctas_per_sm
-             : resident;
-}
-
-// CTAs per SM resident in the kernel the dispatch table launches for `a` with policy `policy`:
-// its e4m3fn entries read KV raw (DecodeTraits::kFp8Operands) and keep fp8_ctas_per_sm where
-// the policy has one (NVIDIA); every other entry keeps ctas_per_sm.
-// On sm_90 (device code built for sm_90a), e4m3fn entries of a policy whose fp8 mainloop is
-// keys_as_m run decode_kernel_kt, which keeps keys_as_m_ctas_per_sm(rows); so do entries of
-// KV of the Q type where arch::direct_keys_as_m() says so.
-inline int table_ctas_per_sm(const DecodeArgs& a, int policy, int arch = 0) {
-  const arch::TilePolicy& tp = arch::kPolicies[policy];
-  if (a.kv_type == a.q_type && arch == 90 &&
-      arch::direct_keys_as_m(tp, static_cast<int>(request_row_tiles(a, policy)), a.page_size))
-    return arch::keys_as_m_ctas_per_sm(tp.rows, 2);
-  if (a.kv_type != DType::fp8_e4m3fn) return tp.ctas_per_sm;
-  if (arch == 90 && tp.fp8_mainloop == arch::Mainloop::keys_as_m)
-    return arch::keys_as_m_ctas_per_sm(tp.rows);
-  return tp.fp8_ctas_per_sm > 0 ? tp.fp8_ctas_per_sm : tp.ctas_per_sm;
-}
-
-// The plan shape decode() launches for `a` with policy `policy` through the dispatch table.
-inline PlanShape plan_shape(const DecodeArgs& a, int policy, const DeviceInfo& dev) {
-  return plan_shape_for(a, policy, dev,
-                        plan_ctas_per_sm(a, policy, table_ctas_per_sm(a, policy, dev.arch)));
-}
-
-// The policy decode() launches for `a` on `dev`.
-inline int policy_index(const DecodeArgs& a, const DeviceInfo& dev) {
-  return arch::policy_index_for(a.rows(), a.kv_type == a.q_type, dev.arch, a.batch, a.page_size);
-}
-inline int policy_rows(const DecodeArgs& a, const DeviceInfo& dev) {
-  return arch::kPolicies[policy_index(a, dev)].rows;
-}
-
-// Workspace bytes of a launch of policy `policy`: the larger of the plans for either number
-// of CTAs per SM the policy can aim for, so that the size does not depend on the KV type.
-inline std::int64_t policy_workspace_bytes(const DecodeArgs& a, int policy, const DeviceInfo& dev) {
-  const arch::TilePolicy& tp = arch::kPolicies[policy];
-  std::int64_t bytes = 0;
-  for (int ctas : {tp.ctas_per_sm, tp.fp8_ctas_per_sm}) {
-    if (ctas <= 0) continue;
-    const PlanShape shape = plan_shape_for(a, policy, dev, ctas);
-    const std::int64_t b = workspace_layout(shape, shape.row_tiles * tp.rows).bytes;
-    bytes = b > bytes ? b : bytes;
-  }
-  return bytes;
-}
-
 }  // namespace detail
 
 // Writes to *bytes the device workspace decode() needs for `a` on `dev`. Depends on batch,
@@ -153,21 +71,7 @@ inline Status workspace_bytes(const DecodeArgs& a, const DeviceInfo& dev, std::s
   Status s = validate_shape(a);
   if (s) s = validate_device(dev);
   if (!s || a.batch == 0) return s;
-  // The largest of the policies these rows can get (KV of the Q type or not, below or from
-  // the batch and page-size thresholds of policy_index_for), so that the size depends neither
-  // on the dtypes nor on the page size, and a workspace sized for a batch serves every smaller
-  // one.
-  unsigned candidates = 0;  // bit i: policy i
-  for (bool direct : {true, false})
-    for (int batch : {1, arch::kWsMinRequests16, arch::kFp8CtasMinRowTiles, a.batch})
-      for (int page : {1, arch::kKtDirectMinPage})
-        candidates |= 1u << arch::policy_index_for(a.rows(), direct, dev.arch, batch, page);
-  std::int64_t size = 0;
-  for (int i = 0; i < arch::kNumPolicies; ++i) {
-    if (!(candidates >> i & 1u)) continue;
-    const std::int64_t b = detail::policy_workspace_bytes(a, i, dev);
-    size = b > size ? b : size;
-  }
+  const std::int64_t size = detail::choice_workspace_bytes(a, dev);
   *bytes = static_cast<std::size_t>(size);
   return Status::ok();
 }
@@ -196,7 +100,7 @@ inline Status supported(const DecodeArgs& a) {
   return detail::backend_status();
 }
 
-#if !defined(MLAKIT_PLATFORM_NONE)
+#if defined(MLAKIT_HAS_GPU_BACKEND)
 
 namespace detail {
 
@@ -215,7 +119,22 @@ inline Status prepare_kernel(Kernel kernel, int smem_bytes, int device) {
   return s;
 }
 
-#if defined(MLAKIT_PLATFORM_CUDA)
+// The kernels of instantiation (Problem, PolicyIndex) as choose_kernel() sees them
+// (api/kernel_choice.hpp): the host's facts, checked here against the traits the kernels are
+// compiled with (keys_as_m_self_plan against KtConfig in sm90a_usable()).
+template <class Problem, int PolicyIndex>
+constexpr EntryKernels instance_kernels() {
+  using Tr = DecodeTraits<Problem, PolicyIndex>;
+  constexpr EntryKernels k = entry_kernels(PolicyIndex, entry_kv<Problem>());
+  static_assert(k.e4m3fn_operands == Tr::kFp8Operands && k.direct == Tr::kDirect &&
+                    k.keys_as_m == Tr::kKeysAsM && k.warpgroup == Tr::kWarpgroupPolicy &&
+                    k.ids_ahead_by_page == Tr::kIdsAheadByPage &&
+                    k.mma_ctas_per_sm == Tr::kCtasPerSm && k.mma_smem_bytes == Tr::kSmemBytes,
+                "entry_kernels() describes the instantiation's kernels");
+  return k;
+}
+
+#if defined(MLAKIT_HAS_SM90A_KERNELS)
 // Whether `kernel`, a kernel with an sm_90a-only mainloop, runs that mainloop on `dev`: the
 // device is sm_90 and the code the runtime loads for it is sm_90a code, the only code that
 // declares the mainloop's static shared memory (`static_bytes`; sm_80 or plain sm_90 code of
@@ -239,10 +158,10 @@ inline Status sm90a_kernel_usable(Kernel kernel, int static_bytes, int dynamic_b
   if (dev.arch == 90 && static_bytes + dynamic_bytes <= dev.max_smem_optin) {
     // Runtime queries in the relaxed capture mode: a first call inside a capture is allowed.
     Status s = with_relaxed_capture([&] {
-      cudaFuncAttributes attr{};
-      Status q = rt_check(cudaFuncGetAttributes(&attr, kernel), "cudaFuncGetAttributes");
+      KernelImage image;
+      const Status q = kernel_image(kernel, &image);
       if (!q) return q;
-      ok = attr.binaryVersion == 90 && static_cast<int>(attr.sharedSizeBytes) >= static_bytes;
+      ok = image.binary_version == 90 && image.static_smem_bytes >= static_bytes;
       return Status::ok();
     });
     if (!s) return s;
@@ -270,6 +189,60 @@ inline Status keys_as_m_usable(const DeviceInfo& dev, bool* usable) {
       decode_kernel_kt<Tr, SelfPlan>, sizeof(typename ML::StaticStorage),
       SelfPlan ? ML::kSelfPlanSmemBytes : ML::kSmemBytes, dev, usable, true);
 }
+
+// choose_kernel()'s probe for instantiation Tr: whether `dev` runs the sm_90a code of the
+// kernel of `mainloop` (decode_kernel_kt in its self-planning form where `self_plan`).
+template <class Tr>
+inline Status sm90a_usable(arch::Mainloop mainloop, bool self_plan, const DeviceInfo& dev,
+                           bool* usable) {
+  *usable = false;
+  if constexpr (Tr::kKeysAsM) {
+    using ML = KtMainloop<Tr>;
+    static_assert(ML::Cfg::kSelfPlanSmall == (Tr::kFp8Operands && Tr::kPolicy.fp8_self_plan_small),
+                  "the policy names the keys-as-M kernels that plan for themselves");
+    if (mainloop == arch::Mainloop::keys_as_m && !self_plan)
+      return keys_as_m_usable<Tr, false>(dev, usable);
+    if constexpr (ML::Cfg::kSelfPlanSmall) {
+      if (mainloop == arch::Mainloop::keys_as_m) return keys_as_m_usable<Tr, true>(dev, usable);
+    }
+  }
+  if constexpr (Tr::kWarpgroupPolicy) {
+    if (mainloop == arch::Mainloop::warpgroup_ws) return warpgroup_usable<Tr>(dev, usable);
+  }
+  return Status::ok();
+}
+
+// Launches the sm_90a kernel `c` chose for instantiation Tr.
+template <class Tr>
+inline Status launch_sm90a(const KernelChoice& c, dim3 grid, const KernelArgs& k, Stream stream) {
+  if constexpr (Tr::kWarpgroupPolicy) {
+    if (c.mainloop == arch::Mainloop::warpgroup_ws)
+      return launch_kernel("decode_kernel_ws", decode_kernel_ws<Tr>, grid,
+                           dim3(WsMainloop<Tr>::kThreads), sizeof(WsSharedStorage), stream, k);
+  }
+  if constexpr (Tr::kKeysAsM) {
+    using ML = KtMainloop<Tr>;
+    if constexpr (ML::Cfg::kSelfPlanSmall) {
+      if (c.self_plan)
+        return launch_kernel("decode_kernel_kt", decode_kernel_kt<Tr, true>, grid,
+                             dim3(ML::kThreads), ML::kSelfPlanSmemBytes, stream, k);
+    }
+    return launch_kernel("decode_kernel_kt", decode_kernel_kt<Tr, false>, grid, dim3(ML::kThreads),
+                         ML::kSmemBytes, stream, k);
+  }
+  return Status(StatusCode::not_supported, "no sm_90a kernel for this instantiation");
+}
+#else
+// No sm_90a kernels in this build: choose_kernel() runs decode_kernel.
+template <class Tr>
+inline Status sm90a_usable(arch::Mainloop, bool, const DeviceInfo&, bool* usable) {
+  *usable = false;
+  return Status::ok();
+}
+template <class Tr>
+inline Status launch_sm90a(const KernelChoice&, dim3, const KernelArgs&, Stream) {
+  return Status(StatusCode::not_supported, "no sm_90a kernels in this build");
+}
 #endif
 
 // Launches the planner for `shape`: a 128-thread block for batches up to 128, else 1024.
@@ -282,48 +255,24 @@ inline Status launch_planner(const DecodeArgs& a, const PlanShape& shape, const 
                        0, stream, a, shape, ws);
 }
 
-// Launches planner, decode kernel and combine for one instantiation.
+// Launches planner, decode kernel and combine for one instantiation: chooses the kernel
+// (choose_kernel), plans, checks the workspace and the shared memory, launches.
 template <class Problem, int PolicyIndex>
 inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* workspace,
                               std::size_t workspace_size, Stream stream) {
   using Tr = DecodeTraits<Problem, PolicyIndex>;
-  Status s;
-#if defined(MLAKIT_PLATFORM_CUDA)
-  // Warpgroup policies run decode_kernel_ws, and row tiles of e4m3fn KV (and of KV of the Q
-  // type where the policy has a direct keys-as-M form) decode_kernel_kt, where the device runs
-  // their sm_90a code.
-  bool warpgroup = false, keys_as_m = false, keys_as_m_self_plan = false;
-  if constexpr (Tr::kKeysAsM) {
-    // e4m3fn: from kFp8CtasMinRowTiles requests x row tiles up, with the planner launch.
-    // Below, in automatic mode, where KtConfig says so, the keys-as-M kernel planning for
-    // itself; else the mma.sync kernel, which plans for itself (a planner launch costs about
-    // 2.6 us at batch 1), or for 64-row tiles the warp-specialized kernel. KV of the Q type:
-    // where arch::direct_keys_as_m() says so (policy_index_for picks another policy elsewhere).
-    const std::int64_t tiles = request_row_tiles(a, PolicyIndex);
-    if (Tr::kFp8Operands
-            ? tiles >= arch::kFp8CtasMinRowTiles
-            : arch::direct_keys_as_m(Tr::kPolicy, static_cast<int>(tiles), a.page_size)) {
-      if (!(s = keys_as_m_usable<Tr, false>(dev, &keys_as_m))) return s;
-    } else if constexpr (KtMainloop<Tr>::Cfg::kSelfPlanSmall) {
-      if (a.split_mode == SplitMode::automatic) {
-        if (!(s = keys_as_m_usable<Tr, true>(dev, &keys_as_m))) return s;
-        keys_as_m_self_plan = keys_as_m;
-      }
-    }
-  }
-  if constexpr (Tr::kWarpgroupPolicy) {
-    if (!keys_as_m && !(s = warpgroup_usable<Tr>(dev, &warpgroup))) return s;
-  }
-#else
-  constexpr bool warpgroup = false, keys_as_m = false, keys_as_m_self_plan = false;
-#endif
-  // The plan aims for the CTAs this kernel keeps resident (for the table's entries the same
-  // as plan_shape(); a kv_any_t entry given e4m3fn KV keeps ctas_per_sm).
-  const PlanShape shape = plan_shape_for(
-      a, PolicyIndex, dev,
-      plan_ctas_per_sm(a, PolicyIndex,
-                       keys_as_m ? arch::keys_as_m_ctas_per_sm(Tr::kRows, Tr::kFp8Operands ? 1 : 2)
-                                 : Tr::kCtasPerSm));
+  KernelChoice c;
+  Status s = choose_kernel(
+      a, dev, instance_kernels<Problem, PolicyIndex>(),
+      [&](arch::Mainloop m, bool self_plan, bool* usable) {
+        return sm90a_usable<Tr>(m, self_plan, dev, usable);
+      },
+      &c);
+  if (!s) return s;
+  const bool own_kernel =
+      c.mainloop != arch::Mainloop::warpgroup_ws && c.mainloop != arch::Mainloop::keys_as_m;
+
+  const PlanShape shape = plan_shape_for(a, PolicyIndex, dev, c.ctas_per_sm);
   const int rows_padded = shape.row_tiles * Tr::kRows;
   const WorkspaceLayout wl = workspace_layout(shape, rows_padded);
   if (!(s = check_workspace_pointer(workspace, workspace_size))) return s;
@@ -331,31 +280,18 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
     return Status(StatusCode::workspace_too_small,
                   "workspace_bytes = " + std::to_string(workspace_size) + ": need " +
                       std::to_string(wl.bytes) + " (call workspace_bytes())");
-  // The mma.sync kernel plans for itself (no planner launch) in automatic mode for batches
-  // up to kSelfPlanMaxBatch, when the plan's shared memory fits next to the mainloop's (the
-  // 64-row policy's fallback does not; its warpgroup kernel uses the planner).
-  const bool self_plan_fits =
-      !Tr::kWarpgroupPolicy &&
-      Tr::kSmemBytes + kSelfPlanBytes + kSelfPlanStaticSlack <= dev.max_smem_optin;
-  const bool self_plan = keys_as_m_self_plan ||
-                         (!warpgroup && !keys_as_m && self_plan_fits &&
-                          shape.mode == SplitMode::automatic && shape.batch <= kSelfPlanMaxBatch);
-  const int smem_bytes = Tr::kSmemBytes + (self_plan ? kSelfPlanBytes : 0);
-  // The mma.sync kernel. A policy whose e4m3fn path loads page ids a tile ahead for small
-  // pages only has a second kernel (same shared memory, grid and plan) for them; for every
-  // other instantiation TrAhead is Tr itself.
+  // decode_kernel, or for a policy whose e4m3fn path loads page ids a tile ahead for small
+  // pages only, its second form (same shared memory, grid and plan; for every other
+  // instantiation TrAhead is Tr itself).
   using TrAhead = DecodeTraits<Problem, PolicyIndex, Tr::kIdsAheadByPage>;
-  const bool ids_ahead = Tr::kIdsAheadByPage && a.page_size < Tr::kKvTile;
-  void (*mma_kernel)(KernelArgs) = ids_ahead ? decode_kernel<TrAhead> : decode_kernel<Tr>;
-  if (!warpgroup && !keys_as_m) {
+  void (*mma_kernel)(KernelArgs) = c.ids_ahead ? decode_kernel<TrAhead> : decode_kernel<Tr>;
+  if (own_kernel) {
     if (Tr::kSmemBytes > dev.max_smem_optin)
       return Status(StatusCode::not_supported,
                     "device shared memory per block " + std::to_string(dev.max_smem_optin) + " < " +
                         std::to_string(Tr::kSmemBytes) + " bytes the kernel needs");
-    // The attribute allows the larger size whenever the device has room for it.
-    const int smem_attr = Tr::kSmemBytes + (self_plan_fits ? kSelfPlanBytes : 0);
-    s = ids_ahead ? prepare_kernel<TrAhead>(mma_kernel, smem_attr, dev.device)
-                  : prepare_kernel<Tr>(mma_kernel, smem_attr, dev.device);
+    s = c.ids_ahead ? prepare_kernel<TrAhead>(mma_kernel, c.smem_attr, dev.device)
+                    : prepare_kernel<Tr>(mma_kernel, c.smem_attr, dev.device);
     if (!s) return s;
   }
 
@@ -366,35 +302,16 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   k.ws = workspace_view(workspace, wl, rows_padded);
   k.scale_log2 = a.softmax_scale * a.kv_scale * kLog2e;
   k.out_scale = a.kv_scale;
-  k.self_plan = self_plan ? 1 : 0;
+  k.self_plan = c.self_plan ? 1 : 0;
 
   // Everything that can fail without a GPU fault has been checked above: from here on only a
   // launch the runtime rejects returns early (inside a stream capture the caller then ends
   // and discards the capture).
-  if (!self_plan && !(s = launch_planner(a, shape, k.ws, stream))) return s;
+  if (!c.self_plan && !(s = launch_planner(a, shape, k.ws, stream))) return s;
   const dim3 grid(shape.row_tiles, shape.num_ctas);
-#if defined(MLAKIT_PLATFORM_CUDA)
-  if constexpr (Tr::kWarpgroupPolicy) {
-    if (warpgroup)
-      s = launch_kernel("decode_kernel_ws", decode_kernel_ws<Tr>, grid,
-                        dim3(WsMainloop<Tr>::kThreads), sizeof(WsSharedStorage), stream, k);
-  }
-  if constexpr (Tr::kKeysAsM) {
-    if (keys_as_m) {
-      using ML = KtMainloop<Tr>;
-      if constexpr (ML::Cfg::kSelfPlanSmall) {
-        if (keys_as_m_self_plan)
-          s = launch_kernel("decode_kernel_kt", decode_kernel_kt<Tr, true>, grid,
-                            dim3(ML::kThreads), ML::kSelfPlanSmemBytes, stream, k);
-      }
-      if (!keys_as_m_self_plan)
-        s = launch_kernel("decode_kernel_kt", decode_kernel_kt<Tr, false>, grid, dim3(ML::kThreads),
-                          ML::kSmemBytes, stream, k);
-    }
-  }
-#endif
-  if (!warpgroup && !keys_as_m)
-    s = launch_kernel("decode_kernel", mma_kernel, grid, dim3(Tr::kThreads), smem_bytes, stream, k);
+  s = own_kernel ? launch_kernel("decode_kernel", mma_kernel, grid, dim3(Tr::kThreads),
+                                 c.smem_bytes, stream, k)
+                 : launch_sm90a<Tr>(c, grid, k, stream);
   if (!s) return s;
   if (shape.max_partials() > 0) {
     if (!(s = launch_combine<typename Problem::q_type>(
@@ -502,6 +419,6 @@ struct Decode {
   }
 };
 
-#endif  // !MLAKIT_PLATFORM_NONE
+#endif  // MLAKIT_HAS_GPU_BACKEND
 
 }  // namespace mlakit

@@ -1,0 +1,252 @@
+// Host tests of the kernel choice (api/kernel_choice.hpp): the kernels an instantiation holds,
+// which one choose_kernel() launches for a call (the sm_90a probe answered by the test), the
+// plan it aims for, and that every choice's plan fits workspace_bytes(). Host builds model the
+// NVIDIA policy table (arch/tile_policy.hpp), so the cases below are NVIDIA's.
+#include <catch2/catch.hpp>
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+#include "mlakit/api/decode.hpp"
+#include "mlakit/api/kernel_choice.hpp"
+#include "mlakit/core/decode_args.hpp"
+#include "mlakit/core/plan.hpp"
+#include "mlakit/kernel/workspace.hpp"
+
+using namespace mlakit;
+using arch::Mainloop;
+using detail::choose_kernel;
+using detail::EntryKernels;
+using detail::EntryKv;
+using detail::KernelChoice;
+
+namespace {
+
+const DeviceInfo kH100{0, 132, 232448, 90};
+const DeviceInfo kA100{0, 108, 166912, 80};
+
+DecodeArgs args(DType kv, int heads, int q_len, int batch, int page = 64,
+                SplitMode mode = SplitMode::automatic) {
+  DecodeArgs a;
+  a.q_type = DType::bf16;
+  a.kv_type = kv;
+  a.num_heads = heads;
+  a.q_len = q_len;
+  a.batch = batch;
+  a.page_size = page;
+  a.split_mode = mode;
+  a.num_splits = 4;
+  a.max_pages_per_request = 64;
+  return a;
+}
+
+// A probe that answers `answer` and records what it was asked.
+struct Probe {
+  bool answer = true;
+  StatusCode code = StatusCode::ok;
+  mutable std::vector<std::pair<Mainloop, bool>> asked;
+  Status operator()(Mainloop m, bool self_plan, bool* usable) const {
+    asked.emplace_back(m, self_plan);
+    *usable = answer;
+    return code == StatusCode::ok ? Status::ok() : Status(code, "probe failed");
+  }
+};
+
+KernelChoice choose(const DecodeArgs& a, const DeviceInfo& dev, const Probe& probe) {
+  const int policy = detail::policy_index(a, dev);
+  KernelChoice c;
+  REQUIRE(
+      choose_kernel(a, dev, detail::entry_kernels(policy, detail::table_entry_kv(a)), probe, &c));
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("entry_kernels: the kernels each instantiation of the NVIDIA table holds",
+          "[kernel_choice]") {
+  REQUIRE(arch::kNumPolicies == 3);
+  const EntryKernels fp8_16 = detail::entry_kernels(0, EntryKv::e4m3fn);
+  CHECK(fp8_16.e4m3fn_operands);
+  CHECK(fp8_16.keys_as_m);
+  CHECK(fp8_16.keys_as_m_self_plan);
+  CHECK_FALSE(fp8_16.warpgroup);
+  CHECK(fp8_16.ids_ahead_by_page);
+  CHECK(fp8_16.mma_ctas_per_sm == 3);
+  // Q 18 KB, two raw 18 KB stages, P, row exchange, Q row scales.
+  CHECK(fp8_16.mma_smem_bytes == 18432 + 36864 + 1024 + 512 + 64);
+
+  const EntryKernels bf16_16 = detail::entry_kernels(0, EntryKv::q_type);
+  CHECK(bf16_16.direct);
+  CHECK(bf16_16.keys_as_m);
+  CHECK_FALSE(bf16_16.keys_as_m_self_plan);
+  CHECK_FALSE(bf16_16.ids_ahead_by_page);
+  CHECK(bf16_16.mma_ctas_per_sm == 2);
+  CHECK(bf16_16.mma_smem_bytes == 18432 + 73728 + 1024 + 512);  // two 36 KB bf16 stages
+
+  const EntryKernels any_16 = detail::entry_kernels(0, EntryKv::converted);
+  CHECK_FALSE(any_16.keys_as_m);
+  CHECK_FALSE(any_16.e4m3fn_operands);
+  CHECK(any_16.mma_smem_bytes == 18432 + 36864 + 36864 + 1024 + 512);  // one stage, raw bytes
+
+  const EntryKernels fp8_32 = detail::entry_kernels(1, EntryKv::e4m3fn);
+  CHECK(fp8_32.keys_as_m);
+  CHECK_FALSE(fp8_32.keys_as_m_self_plan);
+  CHECK_FALSE(fp8_32.ids_ahead_by_page);  // always ahead: one kernel
+  CHECK(fp8_32.mma_ctas_per_sm == 1);
+
+  for (EntryKv kv : {EntryKv::q_type, EntryKv::e4m3fn, EntryKv::converted}) {
+    const EntryKernels k64 = detail::entry_kernels(2, kv);
+    CHECK(k64.warpgroup);
+    CHECK(k64.keys_as_m == (kv == EntryKv::e4m3fn));
+  }
+}
+
+TEST_CASE("choose_kernel: e4m3fn KV, 16 rows", "[kernel_choice]") {
+  // Below kFp8CtasMinRowTiles in automatic mode: the keys-as-M kernel planning for itself.
+  Probe yes;
+  KernelChoice c = choose(args(DType::fp8_e4m3fn, 16, 1, 8), kH100, yes);
+  REQUIRE(yes.asked.size() == 1);
+  CHECK(yes.asked[0] == std::pair{Mainloop::keys_as_m, true});
+  CHECK(c.mainloop == Mainloop::keys_as_m);
+  CHECK(c.self_plan);
+  CHECK(c.resident_ctas_per_sm == 2);
+  CHECK(c.ctas_per_sm == 2);
+
+  // Where the device does not run the sm_90a code: decode_kernel, planning for itself, and its
+  // page-ids-ahead form below the 32-token tile; three CTAs resident, two planned for.
+  Probe no;
+  no.answer = false;
+  for (int page : {1, 16, 32, 64}) {
+    c = choose(args(DType::fp8_e4m3fn, 16, 1, 8, page), kH100, no);
+    CHECK(c.mainloop == Mainloop::warp_mma);
+    CHECK(c.self_plan);
+    CHECK(c.ids_ahead == (page < 32));
+    CHECK(c.resident_ctas_per_sm == 3);
+    CHECK(c.ctas_per_sm == 2);
+  }
+
+  // Fixed split mode below the threshold: no probe, decode_kernel with the planner launch.
+  Probe asked;
+  c = choose(args(DType::fp8_e4m3fn, 16, 1, 8, 64, SplitMode::fixed), kH100, asked);
+  CHECK(asked.asked.empty());
+  CHECK(c.mainloop == Mainloop::warp_mma);
+  CHECK_FALSE(c.self_plan);
+
+  // From kFp8CtasMinRowTiles up: the keys-as-M kernel with the planner launch, whatever the
+  // mode; decode_kernel aims for its three CTAs where the device refuses it.
+  for (SplitMode mode : {SplitMode::automatic, SplitMode::none, SplitMode::fixed}) {
+    Probe p;
+    c = choose(args(DType::fp8_e4m3fn, 16, 1, arch::kFp8CtasMinRowTiles, 64, mode), kH100, p);
+    REQUIRE(p.asked.size() == 1);
+    CHECK(p.asked[0] == std::pair{Mainloop::keys_as_m, false});
+    CHECK(c.mainloop == Mainloop::keys_as_m);
+    CHECK_FALSE(c.self_plan);
+    CHECK(c.ctas_per_sm == 2);
+    c = choose(args(DType::fp8_e4m3fn, 16, 1, arch::kFp8CtasMinRowTiles, 64, mode), kA100, no);
+    CHECK(c.ctas_per_sm == 3);
+  }
+}
+
+TEST_CASE("choose_kernel: KV of the Q type", "[kernel_choice]") {
+  Probe yes;
+  // 32 rows from kFp8CtasMinRowTiles requests at large pages: the 16-bit keys-as-M form.
+  KernelChoice c = choose(args(DType::bf16, 16, 2, 128, 64), kH100, yes);
+  CHECK(c.policy == 1);
+  CHECK(c.mainloop == Mainloop::keys_as_m);
+  CHECK(c.resident_ctas_per_sm == 1);
+  CHECK_FALSE(c.self_plan);
+  // Small pages or fewer requests: the warp-specialized 64-row tile (no self plan), or its
+  // decode_kernel fallback, which uses the planner launch too.
+  for (int batch : {3, 128}) {
+    Probe p;
+    c = choose(args(DType::bf16, 16, 2, batch, batch == 3 ? 64 : 1), kH100, p);
+    CHECK(c.policy == 2);
+    REQUIRE(p.asked.size() == 1);
+    CHECK(p.asked[0] == std::pair{Mainloop::warpgroup_ws, false});
+    CHECK(c.mainloop == Mainloop::warpgroup_ws);
+    CHECK_FALSE(c.self_plan);
+    Probe no;
+    no.answer = false;
+    c = choose(args(DType::bf16, 16, 2, batch, batch == 3 ? 64 : 1), kH100, no);
+    CHECK(c.mainloop == Mainloop::warp_mma);
+    CHECK_FALSE(c.self_plan);
+  }
+  // 16 rows below kWsMinRequests16: decode_kernel, planning for itself up to kSelfPlanMaxBatch
+  // requests in automatic mode.
+  c = choose(args(DType::bf16, 16, 1, 31), kH100, yes);
+  CHECK(c.policy == 0);
+  CHECK(c.mainloop == Mainloop::warp_mma);
+  CHECK(c.self_plan);
+  CHECK(c.smem_bytes == c.smem_attr);
+  CHECK(c.smem_bytes ==
+        detail::entry_kernels(0, EntryKv::q_type).mma_smem_bytes + detail::kSelfPlanBytes);
+  // sm_80: the 32-row policy's own kernel; the policy choice never promotes there.
+  c = choose(args(DType::bf16, 16, 2, 3), kA100, yes);
+  CHECK(c.policy == 1);
+  CHECK(c.mainloop == Mainloop::warp_mma);
+}
+
+TEST_CASE("choose_kernel: self plan only where it fits and is allowed", "[kernel_choice]") {
+  Probe no;
+  no.answer = false;
+  const DecodeArgs a = args(DType::fp16, 16, 1, 8);
+  const int mma = detail::entry_kernels(0, EntryKv::converted).mma_smem_bytes;
+  DeviceInfo small = kH100;
+  small.max_smem_optin = mma + detail::kSelfPlanBytes + detail::kSelfPlanStaticSlack - 1;
+  KernelChoice c = choose(a, small, no);
+  CHECK_FALSE(c.self_plan);
+  CHECK(c.smem_bytes == mma);
+  CHECK(c.smem_attr == mma);
+  small.max_smem_optin += 1;
+  c = choose(a, small, no);
+  CHECK(c.self_plan);
+  CHECK(c.smem_bytes == mma + detail::kSelfPlanBytes);
+  // More requests than the kernel plans for, or a mode other than automatic: the planner.
+  CHECK_FALSE(choose(args(DType::fp16, 16, 1, detail::kSelfPlanMaxBatch + 1), kH100, no).self_plan);
+  CHECK(choose(args(DType::fp16, 16, 1, detail::kSelfPlanMaxBatch), kH100, no).self_plan);
+  CHECK_FALSE(choose(args(DType::fp16, 16, 1, 8, 64, SplitMode::none), kH100, no).self_plan);
+  CHECK(choose(args(DType::fp16, 16, 1, 8, 64, SplitMode::none), kH100, no).smem_attr ==
+        mma + detail::kSelfPlanBytes);
+}
+
+TEST_CASE("choose_kernel: the probe's error is returned as is", "[kernel_choice]") {
+  Probe failing;
+  failing.code = StatusCode::runtime_error;
+  const DecodeArgs a = args(DType::fp8_e4m3fn, 16, 1, 128);
+  KernelChoice c;
+  const Status s = choose_kernel(
+      a, kH100, detail::entry_kernels(detail::policy_index(a, kH100), EntryKv::e4m3fn), failing,
+      &c);
+  CHECK(s.code() == StatusCode::runtime_error);
+}
+
+TEST_CASE("choose_kernel: every outcome's plan fits workspace_bytes()", "[kernel_choice]") {
+  for (const DeviceInfo& dev : {kH100, kA100})
+    for (DType kv : {DType::bf16, DType::fp16, DType::fp8_e4m3fn, DType::fp8_e4m3fnuz})
+      for (auto [heads, q_len] : {std::pair{16, 1}, {16, 2}, {12, 3}, {16, 4}, {128, 1}, {16, 8}})
+        for (int batch : {1, 8, 31, 32, 128, 300})
+          for (int page : {1, 64})
+            for (SplitMode mode : {SplitMode::automatic, SplitMode::none, SplitMode::fixed})
+              for (bool usable : {true, false}) {
+                const DecodeArgs a = args(kv, heads, q_len, batch, page, mode);
+                INFO("arch " << dev.arch << " kv " << int(kv) << " rows " << a.rows() << " batch "
+                             << batch << " page " << page << " mode " << int(mode) << " usable "
+                             << usable);
+                Probe p;
+                p.answer = usable;
+                const KernelChoice c = choose(a, dev, p);
+                CHECK(c.ctas_per_sm >= 1);
+                CHECK(c.ctas_per_sm <= c.resident_ctas_per_sm);
+                const PlanShape s = detail::plan_shape_for(a, c.policy, dev, c.ctas_per_sm);
+                const int rows = arch::kPolicies[c.policy].rows;
+                CHECK(std::size_t(detail::workspace_layout(s, s.row_tiles * rows).bytes) <=
+                      workspace_bytes(a, dev));
+                // The table's choice (sm_90a code where arch is 90) is one of these.
+                const KernelChoice t = choose_kernel(a, dev);
+                if (usable == (dev.arch == 90)) {
+                  CHECK(t.mainloop == c.mainloop);
+                  CHECK(t.ctas_per_sm == c.ctas_per_sm);
+                  CHECK(t.self_plan == c.self_plan);
+                }
+              }
+}
