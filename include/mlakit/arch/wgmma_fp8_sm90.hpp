@@ -135,9 +135,9 @@ __device__ __forceinline__ void store_p_e4m3(const std::uint32_t (&a)[8], std::u
 // receives the 2 x 2 byte blocks (tokens 2t, 2t+1 | dims 2c, 2c+1) of tokens 0-7 and 8-15,
 // and one byte permute of the two gives dim 2c (or 2c+1) of tokens 2t, 2t+1, 8+2t, 9+2t,
 // which is kappa 4t..4t+3: the kappa order is the order ldmatrix delivers. The caller fences
-// the async proxy and synchronises before a wgmma reads dst. Measured (H200, one warpgroup
-// alone on an SM, 64 tokens x 512 dims): ~1180 cycles per tile (a 4-byte-per-thread
-// load / permute / store version took ~2500).
+// the async proxy and synchronises before a wgmma reads dst. One transposing load per 16 x 32
+// block instead of 4-byte loads, permutes and stores per thread: about half the cycles
+// (docs/performance.md, "Constants").
 __device__ __forceinline__ void transpose_v_e4m3(std::uint32_t src, std::uint32_t dst, int dims,
                                                  int warp, int nwarps, int lane) {
 #if defined(MLAKIT_WGMMA_ENABLED)

@@ -127,11 +127,11 @@ MLAKIT_HOST_DEVICE inline int clamp_kv_len(int len, std::int64_t capacity) {
 
 // The CTA (line slot) that the block with grid index i of g along KV runs: even indices take
 // slots 0, 1, ... and odd ones the upper half, so that a plan that uses only its first slots
-// (a short request at small batch) runs on every other block. The H200 hands the blocks of a
+// (a short request at small batch) runs on every other block. The GPU hands the blocks of a
 // one-CTA-per-SM grid to the two SMs of a TPC in turn (blocks 2k and 2k + 1 share one), so such
 // a plan then runs on one SM of as many TPCs, as fast as a grid of only its working blocks. Only
-// the warp-specialized kernel uses it: the two-CTA-per-SM kernels got slower with it and the
-// keys-as-M 64-row kernel no faster (docs/performance.md, "Constants").
+// the warp-specialized kernel uses it: the other kernels gain nothing from it or lose
+// (docs/performance.md, "Constants").
 MLAKIT_HOST_DEVICE inline int cta_slot(int i, int g) {
   return (i & 1) ? (g + 1) / 2 + (i >> 1) : (i >> 1);
 }
