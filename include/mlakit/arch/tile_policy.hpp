@@ -147,24 +147,15 @@ inline constexpr bool kE4m3fnOperands = true;
 // them is the launch's run-time probe of the kernel's code.
 inline constexpr bool kHopperMainloops = true;
 
-// NVIDIA sm_80/sm_90, up to 227 KB of shared memory per block.
-// rows 16 (bandwidth-bound shapes): 4 warps, 32-token tiles (64-token tiles cost scattered
-//   small pages more than they save on large ones), ~92 KB, two CTAs per SM so one CTA's
-//   barriers and conversion overlap the other's loads and matrix work. e4m3fn KV: two raw
-//   18 KB stages (~56 KB), three CTAs per SM: the kernel is bound by the latency of its own
-//   instructions with two warps per scheduler, so a third CTA is worth more than two more
-//   stages. e4m3fn KV on sm_90a: the keys-as-M mainloop from kFp8CtasMinRowTiles up, and below
-//   in automatic mode, planning for itself (decode_kt_sm90.hpp, KtConfig::kSelfPlanSmall).
-// rows 32: 8 warps, 64-token tiles, fp8 KV with three raw stages (108 KB), ~221 KB; e4m3fn
-//   KV: four raw 36 KB stages; e4m3fn KV on sm_90a from kFp8CtasMinRowTiles up: the keys-as-M
-//   mainloop (two consumer warpgroups, 384 threads, one CTA per SM), which widens the raw tile
-//   in registers and pads no rows.
-// rows 64: sm_90a runs the warp-specialized mainloop (decode_ws_sm90.hpp: 384 threads, Q 72 KB
-//   + two 72 KB KV stages + P, 226 KB); e4m3fn KV from kFp8CtasMinRowTiles up: the keys-as-M
-//   mainloop (dims split over two consumer warpgroups, three raw stages), whose raw stages are
-//   refilled without waiting for a conversion; the fallback elsewhere (sm_80) is mma.sync with
-//   8 warps and the numbers below.
-// The measurement behind each choice: docs/performance.md, "Design decisions" and "Constants".
+// NVIDIA sm_80/sm_90, up to 227 KB of shared memory per block. The measurement behind each
+// choice: docs/performance.md, "Design decisions" and "Constants".
+// 16 rows (bandwidth-bound shapes): 4 warps, 32-token tiles (64-token tiles cost scattered
+// small pages more than they save on large ones), ~92 KB, two CTAs per SM so one CTA's
+// barriers and conversion overlap the other's loads and matrix work. e4m3fn KV: two raw 18 KB
+// stages (~56 KB), three CTAs per SM: the kernel is bound by the latency of its own
+// instructions with two warps per scheduler, so a third CTA is worth more than two more
+// stages. e4m3fn KV on sm_90a: the keys-as-M mainloop from kFp8CtasMinRowTiles up, and below
+// in automatic mode, planning for itself (fp8_self_plan_small).
 constexpr TilePolicy nvidia_rows16() {
   TilePolicy p;
   p.rows = 16;
@@ -183,6 +174,10 @@ constexpr TilePolicy nvidia_rows16() {
   p.direct_mainloop = Mainloop::keys_as_m;
   return p;
 }
+// 32 rows: 8 warps, 64-token tiles, fp8 KV with three raw stages (108 KB), ~221 KB; e4m3fn KV:
+// four raw 36 KB stages; e4m3fn KV on sm_90a from kFp8CtasMinRowTiles up: the keys-as-M
+// mainloop (two consumer warpgroups, 384 threads, one CTA per SM), which widens the raw tile
+// in registers and pads no rows.
 constexpr TilePolicy nvidia_rows32() {
   TilePolicy p;
   p.rows = 32;
@@ -198,6 +193,11 @@ constexpr TilePolicy nvidia_rows32() {
   p.direct_mainloop = Mainloop::keys_as_m;
   return p;
 }
+// 64 rows: sm_90a runs the warp-specialized mainloop (decode_ws_sm90.hpp: 384 threads, Q 72 KB
+// + two 72 KB KV stages + P, 226 KB); e4m3fn KV from kFp8CtasMinRowTiles up: the keys-as-M
+// mainloop (dims split over two consumer warpgroups, three raw stages), whose raw stages are
+// refilled without waiting for a conversion; the fallback elsewhere (sm_80) is mma.sync with
+// 8 warps and the numbers below.
 constexpr TilePolicy nvidia_rows64() {
   TilePolicy p;
   p.rows = 64;
