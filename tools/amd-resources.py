@@ -36,13 +36,24 @@ HEAD_QK, HEAD_V = 576, 512
 
 
 def hip_policies():
-    """Rows of the HIP kPolicies table in arch/tile_policy.hpp, as dicts (with "mainloop")."""
+    """The HIP kPolicies table of arch/tile_policy.hpp as dicts (with "mainloop"): each policy
+    is a constexpr function that starts from another policy or a default TilePolicy and sets
+    fields by name (p.rows = 16;)."""
     text = (ROOT / "include/mlakit/arch/tile_policy.hpp").read_text()
     m = re.search(r"#if defined\(MLAKIT_PLATFORM_HIP\)(.*?)#else", text, re.S)
-    rows = re.findall(r"\{\s*(\d+(?:\s*,\s*\d+){6})\s*,\s*Mainloop::(\w+)[^}]*\}",
-                      m.group(1) if m else "")
-    keys = ["rows", "kv_tile", "threads", "stages", "raw_bytes", "ctas_per_sm", "fp8_stages"]
-    return [dict(zip(keys, map(int, r.split(","))), mainloop=ml) for r, ml in rows]
+    block = m.group(1) if m else ""
+    funcs = dict(re.findall(r"constexpr TilePolicy (\w+)\(\) \{(.*?)\n\}", block, re.S))
+
+    def fields(name):
+        body = funcs[name]
+        base = re.match(r"\s*TilePolicy p = (\w+)\(\);", body)
+        pol = fields(base.group(1)) if base else {}
+        for key, value in re.findall(r"p\.(\w+) = ([^;]+);", body):
+            pol[key] = value.split("::")[-1] if "::" in value else int(value)
+        return pol
+
+    table = re.search(r"kPolicies\[\] = \{(.*?)\};", block, re.S)
+    return [fields(n) for n in re.findall(r"(\w+)\(\)", table.group(1) if table else "")]
 
 
 def decode_lds_bytes(pol):
