@@ -32,6 +32,7 @@
 #include "../core/plan.hpp"
 #include "../platform/intrinsics.hpp"
 #include "decode_cdna.hpp"
+#include "piece_context.hpp"
 #include "planner_kernel.hpp"
 #include "problem.hpp"
 #include "smem_tile.hpp"
@@ -156,7 +157,12 @@ __device__ __forceinline__ void store_converted(DType kv, const uint4& raw, type
 }
 
 template <class Tr>
-struct DecodeMainloop {
+struct DecodeMainloop : PieceContext<Tr> {
+  using Ctx = PieceContext<Tr>;
+  using Ctx::b, Ctx::causal, Ctx::heads, Ctx::kv, Ctx::kv_bytes, Ctx::p, Ctx::q_len, Ctx::row0,
+      Ctx::row_tile, Ctx::rows;
+  using Ctx::copy_q_rows, Ctx::kv_row, Ctx::load_q_scaled, Ctx::o_row, Ctx::page_row,
+      Ctx::page_table, Ctx::store_lse;
   using T = typename Tr::T;
   using Tq = typename Tr::Tq;
   using Atom = typename Tr::Atom;
@@ -167,33 +173,12 @@ struct DecodeMainloop {
       Tr::kThreads / Tr::kKvTile < 4 ? Tr::kThreads / Tr::kKvTile : 4;
   static constexpr int kTokensPerPass = Tr::kThreads / kThreadsPerToken;
 
-  const KernelArgs& p;
-  unsigned char* smem;
-  int b, row_tile, heads, q_len, rows, row0;
-  bool causal;
-  DType kv;
-  int kv_bytes;
+  unsigned char* smem;  // the mainloop's dynamic shared memory (layout: DecodeTraits)
 
-  // The mainloop state of row tile `row_tile` (request b set per piece by the caller); every
-  // kernel starts from it (the warp-specialized one spells the same fields out: through this
-  // function ptxas schedules its dynamic-KV producer differently, and that code was validated).
+  // The mainloop state of row tile `row_tile` (request b set per piece by the caller).
   __device__ static DecodeMainloop of_tile(const KernelArgs& p, unsigned char* smem,
                                            int row_tile) {
-    DecodeMainloop ml{p,
-                      smem,
-                      0,
-                      row_tile,
-                      Tr::heads(p.a),
-                      Tr::q_len(p.a),
-                      0,
-                      0,
-                      Tr::causal(p.a),
-                      Tr::kv_dtype(p.a),
-                      0};
-    ml.rows = ml.heads * ml.q_len;
-    ml.row0 = row_tile * Tr::kRows;
-    ml.kv_bytes = static_cast<int>(dtype_bytes(ml.kv));
-    return ml;
+    return DecodeMainloop{Ctx::of_tile(p, row_tile), smem};
   }
 
   __device__ T* sQ() const { return reinterpret_cast<T*>(smem); }
@@ -213,149 +198,6 @@ struct DecodeMainloop {
   __device__ float* sMax() const { return reinterpret_cast<float*>(smem + Tr::kOffRed); }
   __device__ float* sSum() const { return sMax() + Tr::kColGroups * Tr::kRows; }
 
-  // The page mapping of request b: page_table()[i] is the page of tokens [i P, (i + 1) P)
-  // (its block-table row or its CSR segment).
-  __device__ const std::int32_t* page_table() const {
-    const DecodeArgs& a = p.a;
-    return a.page_ids == PageIds::block_table ? a.block_table + b * a.block_table_stride
-                                              : a.kv_indices + a.kv_indptr[b];
-  }
-  // Epilogue addresses, used by every mainloop: row `row` (< rows) of the split piece's
-  // partial output or of request b's output (both in the Q type; o_row picks), and the row's
-  // LSE (the piece's partial slot, or the caller's array when it gave one).
-  __device__ __forceinline__ Tq* partial_o_row(const Piece& pc, int row) const {
-    return reinterpret_cast<Tq*>(p.ws.partial_o) +
-           (std::int64_t(pc.partial_slot) * p.ws.rows_padded + row) * kHeadDimV;
-  }
-  __device__ __forceinline__ Tq* out_row(int row) const {
-    const DecodeArgs& a = p.a;
-    const int t = row / heads, h = row - t * heads;
-    return static_cast<Tq*>(a.out) + b * a.o_stride_batch + t * a.o_stride_token +
-           h * a.o_stride_head;
-  }
-  // Where row `row` of the piece's output goes: its partial slot when the piece is split, else
-  // request b's output; null for rows past the request's. Epilogues call it once per row.
-  __device__ __forceinline__ Tq* o_row(const Piece& pc, int row) const {
-    if (row >= rows) return nullptr;
-    return pc.partial_slot >= 0 ? partial_o_row(pc, row) : out_row(row);
-  }
-  __device__ __forceinline__ void store_lse(const Piece& pc, bool split, int row,
-                                            float lse) const {
-    const DecodeArgs& a = p.a;
-    if (split) {
-      p.ws.partial_lse[std::int64_t(pc.partial_slot) * p.ws.rows_padded + row] = lse;
-    } else if (a.lse != nullptr) {
-      const int t = row / heads, h = row - t * heads;
-      a.lse[b * a.lse_stride_batch + t * a.lse_stride_token + h * a.lse_stride_head] = lse;
-    }
-  }
-
-  // Byte address of row `in_page` of page `page`.
-  __device__ const unsigned char* page_row(std::int64_t page, int in_page) const {
-    const DecodeArgs& a = p.a;
-    return static_cast<const unsigned char*>(a.kv) +
-           (page * a.kv_stride_page + std::int64_t(in_page) * a.kv_stride_token) * kv_bytes;
-  }
-  // Byte address of KV token j of request b (j < the request's clamped length).
-  __device__ const unsigned char* kv_row(int j) const {
-    const DecodeArgs& a = p.a;
-    const int page_idx = j / a.page_size;
-    const std::int64_t page = a.page_ids == PageIds::block_table
-                                  ? a.block_table[b * a.block_table_stride + page_idx]
-                                  : a.kv_indices[a.kv_indptr[b] + page_idx];
-    return page_row(page, j - page_idx * a.page_size);
-  }
-
-  // Q rows [row0, row0 + R) in the Q type (rows past `rows` zero-filled) by cp.async: 16-byte
-  // unit u (dims 8 u ..) of row r to q + unit_offset(r, u) bytes; `Threads` threads take part,
-  // the caller commits and waits. Q of every mainloop whose operands are in the Q type.
-  template <int Threads, int R, class UnitOffset>
-  __device__ void copy_q_rows(unsigned char* q, UnitOffset unit_offset) const {
-    constexpr int kUnits = kHeadDimQK / 8;
-    const DecodeArgs& a = p.a;
-    for (int c = static_cast<int>(threadIdx.x); c < R * kUnits; c += Threads) {
-      const int r = c / kUnits, u = c % kUnits;
-      const int row = row0 + r;
-      const bool valid = row < rows;
-      const Tq* src = static_cast<const Tq*>(a.q);
-      if (valid) {
-        const int t = row / heads, h = row - t * heads;
-        src += b * a.q_stride_batch + t * a.q_stride_token + h * a.q_stride_head + u * 8;
-      }
-      Copy::copy16(q + unit_offset(r, u), src, valid);
-    }
-  }
-  // The same into a wgmma operand tile Swizzle128Tile<R> (the Hopper mainloops).
-  template <int Threads, int R>
-  __device__ void copy_q_tile(unsigned char* q) const {
-    copy_q_rows<Threads, R>(q, [](int r, int u) { return Swizzle128Tile<R>::unit_offset(r, u); });
-  }
-
-  // e4m3 operand mode: Q rows -> f16 times 2^e (e per row puts the row's largest |q| in
-  // [2^14, 2^15)); store(row, block, w) receives each 16-dim block as 8 f16 pairs in dim
-  // order, and the row's 2^-e goes to sQScale.
-  // `Threads` threads take part; the row factors go to scale_out (default: sQScale), each
-  // multiplied by `factor`.
-  template <int Threads = Tr::kThreads, class Store>
-  __device__ void load_q_scaled(Store store, float* scale_out = nullptr,
-                                float factor = 1.0f) const {
-    const DecodeArgs& a = p.a;
-    constexpr int kTpr = Threads / Tr::kRows;  // threads per row (4 or 8, one warp)
-    static_assert(kTpr >= 1 && 32 % kTpr == 0, "Q rows are split over lanes of one warp");
-    constexpr int kBlocks = kHeadDimQK / 16;
-    const int r = threadIdx.x / kTpr, sub = threadIdx.x % kTpr;
-    const int row = row0 + r;
-    const bool valid = row < rows;
-    const Tq* src = static_cast<const Tq*>(a.q);
-    if (valid) {
-      const int t = row / heads, h = row - t * heads;
-      src += b * a.q_stride_batch + t * a.q_stride_token + h * a.q_stride_head;
-    }
-    auto load16 = [&](int blk, float(&v)[16]) {
-      uint4 w[2] = {uint4{0, 0, 0, 0}, uint4{0, 0, 0, 0}};
-      if (valid) {
-        w[0] = *reinterpret_cast<const uint4*>(src + blk * 16);
-        w[1] = *reinterpret_cast<const uint4*>(src + blk * 16 + 8);
-      }
-      const std::uint32_t u[8] = {w[0].x, w[0].y, w[0].z, w[0].w, w[1].x, w[1].y, w[1].z, w[1].w};
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        v[2 * i] = to_float(Tq{std::uint16_t(u[i] & 0xFFFFu)});
-        v[2 * i + 1] = to_float(Tq{std::uint16_t(u[i] >> 16)});
-      }
-    };
-    float scale = 1.0f;
-    if constexpr (std::is_same_v<Tq, bf16_t>) {
-      float mx = 0.0f;
-      for (int blk = sub; blk < kBlocks; blk += kTpr) {
-        float v[16];
-        load16(blk, v);
-#pragma unroll
-        for (int i = 0; i < 16; ++i) mx = fmaxf(mx, fabsf(v[i]));
-      }
-#pragma unroll
-      for (int o = 1; o < kTpr; o <<= 1) mx = fmaxf(mx, shfl_xor(mx, o));
-      if (mx > 0.0f && mx <= 3.0e38f) {
-        int ex;
-        frexpf(mx, &ex);  // mx in [2^(ex-1), 2^ex)
-        int e = 15 - ex;
-        e = e < -120 ? -120 : (e > 120 ? 120 : e);
-        scale = bits_to_float(std::uint32_t(127 + e) << 23);
-      }
-    }
-    if (sub == 0)
-      (scale_out != nullptr ? scale_out[r] : sQScale(r)) = factor / scale;
-    for (int blk = sub; blk < kBlocks; blk += kTpr) {
-      float v[16];
-      load16(blk, v);
-      std::uint32_t w[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-        w[i] = arch::pack2<fp16_t>(v[2 * i] * scale, v[2 * i + 1] * scale);
-      store(r, blk, w);
-    }
-  }
-
   __device__ void load_q() const {
     if constexpr (Tr::kFp8Operands) {
       // Each 16-dim block permuted for MmaAtom::load_b_nk_e4m3: physical chunk 0 holds dims
@@ -365,7 +207,7 @@ struct DecodeMainloop {
             uint4{w[0], w[2], w[4], w[6]};
         *reinterpret_cast<uint4*>(sQ() + Tr::QLayout::chunk_offset(r, 2 * blk + 1)) =
             uint4{w[1], w[3], w[5], w[7]};
-      });
+      }, &sQScale(0));
     } else {
       static_assert(std::is_same_v<T, Tq>, "Q is copied in its own type");
       copy_q_rows<Tr::kThreads, Tr::kRows>(

@@ -55,8 +55,8 @@ __global__ void __launch_bounds__(KtMainloop<Tr>::kThreads, KtMainloop<Tr>::kCta
 #if defined(MLAKIT_WGMMA_ENABLED)
   using ML = KtMainloop<Tr>;
   extern __shared__ __align__(1024) unsigned char smem[];
-  __shared__ typename ML::StaticStorage sv;
-  typename ML::SharedStorage& ss = *reinterpret_cast<typename ML::SharedStorage*>(smem);
+  __shared__ typename ML::StaticStorage state;
+  typename ML::SharedStorage& tiles = *reinterpret_cast<typename ML::SharedStorage*>(smem);
   const int row_tile = static_cast<int>(blockIdx.x);
   const int cta = static_cast<int>(blockIdx.y);
   // Small automatic-mode batches (SelfPlan): the plan is computed here, into shared memory
@@ -67,34 +67,34 @@ __global__ void __launch_bounds__(KtMainloop<Tr>::kThreads, KtMainloop<Tr>::kCta
                                         row_tile, cta);
   else
     work = planned_work(p, cta);
-  DecodeMainloop<Tr> dm = DecodeMainloop<Tr>::of_tile(p, smem, row_tile);
-  if (dm.row0 >= dm.rows) return;
+  PieceContext<Tr> ctx = PieceContext<Tr>::of_tile(p, row_tile);
+  if (ctx.row0 >= ctx.rows) return;
   if (threadIdx.x == 0) {
     // Each use of a stage is released by the four warps of the warpgroup that consumed it
     // (64 rows: by all eight consumer warps, which all read its V).
     int releasers[ML::SharedStorage::kStages][1];
     for (int s = 0; s < ML::SharedStorage::kStages; ++s) releasers[s][0] = ML::kSplitDims ? 8 : 4;
-    ML::Pipeline::init(sv.bars, releasers);
+    ML::Pipeline::init(state.bars, releasers);
     arch::mbar_init_fence();
   }
   __syncthreads();
-  ML ml{dm, ss, sv};
+  ML mainloop{ctx, tiles, state};
   typename ML::State st;
   if (threadIdx.x >= ML::kConsumerThreads) {
     if constexpr (ML::Cfg::kProducerRegs > 0) arch::setmaxnreg_dec<ML::Cfg::kProducerRegs>();
     for (int b = work.cp.req_begin; b <= work.cp.req_end; ++b) {
-      dm.b = b;
+      ctx.b = b;
       const RequestPlan rq = work.requests[b];
-      ml.produce(ml.range(rq, piece_of(p.shape, rq, cta, work.per_cta)), st);
+      mainloop.produce(mainloop.range(rq, piece_of(p.shape, rq, cta, work.per_cta)), st);
     }
   } else {
     if constexpr (ML::Cfg::kConsumerRegs > 0) arch::setmaxnreg_inc<ML::Cfg::kConsumerRegs>();
     const int w = static_cast<int>(threadIdx.x) / 128;
     for (int b = work.cp.req_begin; b <= work.cp.req_end; ++b) {
-      dm.b = b;
+      ctx.b = b;
       const RequestPlan rq = work.requests[b];
       const Piece pc = piece_of(p.shape, rq, cta, work.per_cta);
-      ml.consume(rq, pc, ml.range(rq, pc), st, w);
+      mainloop.consume(rq, pc, mainloop.range(rq, pc), st, w);
     }
   }
 #else

@@ -51,10 +51,11 @@
 #include "../core/plan.hpp"
 #include "../platform/intrinsics.hpp"
 #include "decode_kernel.hpp"
+#include "piece_context.hpp"
 #include "smem_tile.hpp"
 #include "workspace.hpp"
 
-#if defined(MLAKIT_PLATFORM_CUDA)
+#if defined(MLAKIT_HAS_SM90A_KERNELS)
 
 namespace mlakit::detail {
 
@@ -111,9 +112,9 @@ struct WsMainloop {
   static_assert(sizeof(WsSharedStorage) + sizeof(WsStaticStorage) <= 232448,
                 "fits the 227 KB of an sm_90 block");
 
-  DecodeMainloop<Tr>& m;
-  WsSharedStorage& ss;
-  WsStaticStorage& sv;
+  PieceContext<Tr>& ctx;     // the piece: request, row tile, addressing
+  WsSharedStorage& tiles;    // Q, the KV stages and P (dynamic shared memory)
+  WsStaticStorage& state;    // row maxima, sums, Q scales, barriers (static shared memory)
 
   // ---- the piece a CTA works on ----------------------------------------------------------
   struct Range {
@@ -121,8 +122,8 @@ struct WsMainloop {
     int n_pairs;           // pairs of 64-token tiles (the last tile may be padding)
   };
   __device__ Range range(const RequestPlan& rq, const Piece& pc) const {
-    const int last_row = (m.row0 + 64 < m.rows ? m.row0 + 64 : m.rows) - 1;
-    const int vis_last = visible_keys(rq.kv_len, m.q_len, last_row / m.heads, m.causal);
+    const int last_row = (ctx.row0 + 64 < ctx.rows ? ctx.row0 + 64 : ctx.rows) - 1;
+    const int vis_last = visible_keys(rq.kv_len, ctx.q_len, last_row / ctx.heads, ctx.causal);
     Range r;
     r.kv_begin = pc.kv_begin;
     r.kv_end = pc.kv_end < vis_last ? pc.kv_end : vis_last;
@@ -141,7 +142,7 @@ struct WsMainloop {
 
   // fp8 KV is copied raw by 4 threads per token (2 tokens per thread), 16-bit KV by 8 threads
   // per token (4 tokens per thread).
-  __device__ bool raw_fp8() const { return !Tr::kDirect && m.kv_bytes == 1; }
+  __device__ bool raw_fp8() const { return !Tr::kDirect && ctx.kv_bytes == 1; }
   __device__ int tokens_per_thread() const { return raw_fp8() ? 2 : 4; }
   __device__ int token_of(int tid, int k) const {
     return raw_fp8() ? tid / 4 + 32 * k : tid / 8 + 16 * k;
@@ -155,7 +156,7 @@ struct WsMainloop {
     for (int k = 0; k < 4; ++k) {
       if (k < n) {
         const int j = min(kt + token_of(tid, k), last);
-        id[k] = __ldg(table + j / m.p.a.page_size);
+        id[k] = __ldg(table + j / ctx.p.a.page_size);
       }
     }
   }
@@ -166,7 +167,7 @@ struct WsMainloop {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int j = kt + token_of(tid, k);
-      src[k] = k < n && j < kv_end ? m.page_row(id[k], j % m.p.a.page_size) : nullptr;
+      src[k] = k < n && j < kv_end ? ctx.page_row(id[k], j % ctx.p.a.page_size) : nullptr;
     }
   }
 
@@ -181,9 +182,9 @@ struct WsMainloop {
   // the next half's copies are in flight.
   __device__ void produce(const Range& r, State& st) const {
     if (r.n_pairs == 0) return;
-    const Pipeline pipe{sv.bars};
+    const Pipeline pipe{state.bars};
     const int tid = static_cast<int>(threadIdx.x) - kConsumerThreads;  // 0..127
-    const std::int32_t* table = m.page_table();
+    const std::int32_t* table = ctx.page_table();
     const int last = r.kv_end - 1;
     int id_a[4] = {0, 0, 0, 0}, id_b[4] = {0, 0, 0, 0};
     fetch_pages(table, r.kv_begin, last, tid, id_a);
@@ -203,8 +204,8 @@ struct WsMainloop {
       st.advance();
       const State sb = st;
       st.advance();
-      unsigned char* stage_a = ss.kv[0];
-      unsigned char* stage_b = ss.kv[1];
+      unsigned char* stage_a = tiles.kv[0];
+      unsigned char* stage_b = tiles.kv[1];
       // Acquires each half of the pair in release order and hands it to fill(stage, rows,
       // state, Half<c0, c1>).
       const auto in_release_order = [&](auto&& fill) {
@@ -221,7 +222,7 @@ struct WsMainloop {
         in_release_order([&](unsigned char* stage, const ThreadRows& d, const State& hs, auto half) {
           load_direct<decltype(half)::c0, decltype(half)::c1>(stage, d, pipe, hs, tid);
         });
-      } else if (m.kv_bytes == 1) {
+      } else if (ctx.kv_bytes == 1) {
         pipe.producer_acquire(sa, kLo);
         copy_raw<0, 4>(stage_a, da, tid);
         pipe.producer_acquire(sb, kHi);
@@ -258,7 +259,7 @@ struct WsMainloop {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const bool valid = src[k] != nullptr;
-      d.src[k] = (valid ? src[k] : static_cast<const unsigned char*>(m.p.a.kv)) + col;
+      d.src[k] = (valid ? src[k] : static_cast<const unsigned char*>(ctx.p.a.kv)) + col;
       d.bytes[k] = valid ? 16u : 0u;
     }
     return d;
@@ -338,7 +339,7 @@ struct WsMainloop {
         lo = uint4{o[0], o[1], o[2], o[3]};
         hi = uint4{o[4], o[5], o[6], o[7]};
       } else {
-        arch::convert_fp8x16<T>(m.kv, r.in[h], lo, hi);
+        arch::convert_fp8x16<T>(ctx.kv, r.in[h], lo, hi);
       }
       arch::sts128(out_lo + C * kChunkBytes + h * 4096, lo);
       arch::sts128(out_hi + C * kChunkBytes + h * 4096, hi);
@@ -416,7 +417,7 @@ struct WsMainloop {
                               ? __ldg(reinterpret_cast<const uint4*>(d.src[k] + 128 * c))
                               : uint4{0, 0, 0, 0};
         *reinterpret_cast<uint4*>(stage + Tile::unit_offset(tok, unit)) =
-            arch::convert_16x8<T>(m.kv, raw);
+            arch::convert_16x8<T>(ctx.kv, raw);
       }
       arch::fence_proxy_async_smem();
       pipe.producer_commit(st, c);
@@ -427,18 +428,18 @@ struct WsMainloop {
 
   // Q [64 x 576] into sQ (both consumer warpgroups).
   __device__ void load_q() const {
-    unsigned char* q = ss.q;
+    unsigned char* q = tiles.q;
     if constexpr (Tr::kFp8Operands) {
-      m.template load_q_scaled<kConsumerThreads>(
+      ctx.template load_q_scaled<kConsumerThreads>(
           [&](int r, int blk, const std::uint32_t(&w)[8]) {
             *reinterpret_cast<uint4*>(q + Tile::unit_offset(r, 2 * blk)) =
                 uint4{w[0], w[1], w[2], w[3]};
             *reinterpret_cast<uint4*>(q + Tile::unit_offset(r, 2 * blk + 1)) =
                 uint4{w[4], w[5], w[6], w[7]};
           },
-          sv.q_scale);
+          state.q_scale);
     } else {
-      m.template copy_q_tile<kConsumerThreads, 64>(q);
+      ctx.template copy_q_tile<kConsumerThreads, 64>(q);
       Copy::commit();
       Copy::template wait<0>();
     }
@@ -449,7 +450,7 @@ struct WsMainloop {
   // four k-steps of S's last chunk: rq[4 j .. 4 j + 3] is k-step j (the layout of pf). With
   // them in registers, chunk 8 of sQ is free to hold P of tile B (sp_b()).
   __device__ void load_q_rope(std::uint32_t (&rq)[16], int wi, int g, int t) const {
-    const std::uint32_t q = smem_u32(ss.q);
+    const std::uint32_t q = smem_u32(tiles.q);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
 #pragma unroll
@@ -460,8 +461,8 @@ struct WsMainloop {
     }
   }
   // P of tile A (K-major [64 x 64], 128-byte swizzle) and of tile B (Q's chunk 8).
-  __device__ std::uint32_t sp_a() const { return smem_u32(ss.p); }
-  __device__ std::uint32_t sp_b() const { return smem_u32(ss.q) + 8 * kChunkBytes; }
+  __device__ std::uint32_t sp_a() const { return smem_u32(tiles.p); }
+  __device__ std::uint32_t sp_b() const { return smem_u32(tiles.q) + 8 * kChunkBytes; }
 
   // Issues chunks [C0, C1) of S = Q K^T (64 rows x 64 keys) for the tile of `st` as one
   // commit group, waiting for each 64-column chunk of K right before its four k-steps; chunk
@@ -471,10 +472,10 @@ struct WsMainloop {
   template <int C0, int C1, int Stage>
   __device__ void issue_s(float (&s)[32], const State& st, const std::uint32_t (&rq)[16],
                           bool init) const {
-    const Pipeline pipe{sv.bars};
+    const Pipeline pipe{state.bars};
     // Opaque here, so that the 32 loop-invariant descriptors of Q are formed at each use
     // instead of being hoisted out of the consumer loops (64 registers).
-    std::uint32_t q_addr = smem_u32(ss.q), kv_addr = smem_u32(ss.kv[Stage]);
+    std::uint32_t q_addr = smem_u32(tiles.q), kv_addr = smem_u32(tiles.kv[Stage]);
     asm volatile("" : "+r"(q_addr), "+r"(kv_addr));
 #pragma unroll
     for (int c = C0; c < C1; ++c) {
@@ -608,13 +609,13 @@ struct WsMainloop {
 
   __device__ void publish_max(int slot, int wi, int g, int t, const Softmax& sm) const {
     if (t == 0) {
-      sv.row_max[slot][16 * wi + g] = sm.m_run[0];
-      sv.row_max[slot][16 * wi + g + 8] = sm.m_run[1];
+      state.row_max[slot][16 * wi + g] = sm.m_run[0];
+      state.row_max[slot][16 * wi + g + 8] = sm.m_run[1];
     }
   }
   __device__ void read_max(int slot, int wi, int g, float (&m)[2]) const {
-    m[0] = sv.row_max[slot][16 * wi + g];
-    m[1] = sv.row_max[slot][16 * wi + g + 8];
+    m[0] = state.row_max[slot][16 * wi + g];
+    m[1] = state.row_max[slot][16 * wi + g + 8];
   }
 
   // The pair schedule is pictured in the header. One running max per row is shared: A's is
@@ -625,7 +626,7 @@ struct WsMainloop {
   // Warpgroup 0: S and softmax of tile A of every pair, P V of both tiles (columns 0..255).
   __device__ void consume_a(const Range& r, State& st, int mask_from, Softmax& sm, float (&o)[128],
                             const std::uint32_t (&rq)[16], int wi, int g, int t) const {
-    const Pipeline pipe{sv.bars};
+    const Pipeline pipe{state.bars};
     float s[32], f[2];
     std::uint32_t pf[16];
     issue_s<0, 9, 0>(s, st, rq, true);
@@ -642,7 +643,7 @@ struct WsMainloop {
       publish_max(2 * (pair & 1), wi, g, t, sm);
       arch::named_arrive(arch::NamedBarrier::max_a, kConsumerThreads);
       if (moved_a) scale_o(o, f);
-      issue_pv_regs(o, pf, smem_u32(ss.kv[0]), 0);
+      issue_pv_regs(o, pf, smem_u32(tiles.kv[0]), 0);
       arch::wgmma_wait<0>();
       arch::fence_operand(o);  // (s is dead here: fencing it would keep 32 registers live)
       arch::fence_operand(pf);
@@ -668,7 +669,7 @@ struct WsMainloop {
       if (moved_b) scale_o(o, f);
       arch::named_sync(arch::NamedBarrier::pb_issued, kConsumerThreads);
       arch::fence_proxy_async_smem();  // B-lo was waited for by warpgroup 1
-      issue_pv_smem(o, sp_b(), smem_u32(ss.kv[1]), 0);
+      issue_pv_smem(o, sp_b(), smem_u32(tiles.kv[1]), 0);
       // The next S_A's first half queues behind this P V; B-lo is released when the P V
       // retires. No register of s, o or pf is touched between the waits.
       const bool more = pair + 1 < r.n_pairs;
@@ -692,7 +693,7 @@ struct WsMainloop {
   // in the order the two halves are released.
   __device__ void consume_b(const Range& r, State& st, int mask_from, Softmax& sm, float (&o)[128],
                             const std::uint32_t (&rq)[16], int wi, int g, int t) const {
-    const Pipeline pipe{sv.bars};
+    const Pipeline pipe{state.bars};
     float s[32], f[2];
     std::uint32_t pf[16];
     for (int pair = 0; pair < r.n_pairs; ++pair) {
@@ -717,10 +718,10 @@ struct WsMainloop {
       store_p(pf, sp_b(), wi, g, t);
       arch::fence_proxy_async_smem();
       if (moved) scale_o(o, f);
-      issue_pv_regs(o, pf, smem_u32(ss.kv[1]), 1);
+      issue_pv_regs(o, pf, smem_u32(tiles.kv[1]), 1);
       arch::named_sync(arch::NamedBarrier::p_a, kConsumerThreads);
       arch::fence_proxy_async_smem();  // A-hi was waited for by warpgroup 0
-      issue_pv_smem(o, sp_a(), smem_u32(ss.kv[0]), 1);
+      issue_pv_smem(o, sp_a(), smem_u32(tiles.kv[0]), 1);
       arch::named_arrive(arch::NamedBarrier::pb_issued, kConsumerThreads);
       arch::wgmma_wait<1>();
       pipe.consumer_release(st_b, kHi);  // S_B and P V of B were the reads of B-hi
@@ -736,7 +737,7 @@ struct WsMainloop {
     const int wg = warp / 4, wi = warp % 4;
     const int g = lane >> 2, t = lane & 3;
     const int L = rq.kv_len;
-    const int vis_first = visible_keys(L, m.q_len, m.row0 / m.heads, m.causal);
+    const int vis_first = visible_keys(L, ctx.q_len, ctx.row0 / ctx.heads, ctx.causal);
     const int mask_from = r.kv_end < vis_first ? r.kv_end : vis_first;
 
     Softmax sm;
@@ -744,9 +745,9 @@ struct WsMainloop {
     for (int h = 0; h < 2; ++h) {
       sm.m_run[h] = neg_inf();
       sm.l_run[h] = 0.0f;
-      sm.sc[h] = m.p.scale_log2;
-      const int row = m.row0 + 16 * wi + g + 8 * h;
-      const int v = visible_keys(L, m.q_len, row / m.heads, m.causal);
+      sm.sc[h] = ctx.p.scale_log2;
+      const int row = ctx.row0 + 16 * wi + g + 8 * h;
+      const int v = visible_keys(L, ctx.q_len, row / ctx.heads, ctx.causal);
       sm.row_limit[h] = v < r.kv_end ? v : r.kv_end;
     }
     float o[128];
@@ -758,7 +759,7 @@ struct WsMainloop {
       arch::named_sync(arch::NamedBarrier::consumers, kConsumerThreads);  // sQ complete
       if constexpr (Tr::kFp8Operands) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) sm.sc[h] *= sv.q_scale[16 * wi + g + 8 * h];
+        for (int h = 0; h < 2; ++h) sm.sc[h] *= state.q_scale[16 * wi + g + 8 * h];
       }
       std::uint32_t rq[16];
       load_q_rope(rq, wi, g, t);
@@ -781,20 +782,20 @@ struct WsMainloop {
       float l = sm.l_run[h];
       l += shfl_xor(l, 1);
       l += shfl_xor(l, 2);
-      if (t == 0) sv.row_sum[wg][16 * wi + g + 8 * h] = l;
+      if (t == 0) state.row_sum[wg][16 * wi + g + 8 * h] = l;
     }
     arch::named_sync(arch::NamedBarrier::consumers, kConsumerThreads);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = 16 * wi + g + 8 * h;
-      const float l = sv.row_sum[0][r] + sv.row_sum[1][r];
-      inv[h] = l > 0.0f ? m.p.out_scale / l : 0.0f;
+      const float l = state.row_sum[0][r] + state.row_sum[1][r];
+      inv[h] = l > 0.0f ? ctx.p.out_scale / l : 0.0f;
       lse[h] = lse_from_state(sm.m_run[h], l);
     }
     const bool split = pc.partial_slot >= 0;
     Tq* dst[2];  // the thread's two rows' destinations (partial slot or output), or null
 #pragma unroll
-    for (int h = 0; h < 2; ++h) dst[h] = m.o_row(pc, m.row0 + 16 * wi + g + 8 * h);
+    for (int h = 0; h < 2; ++h) dst[h] = ctx.o_row(pc, ctx.row0 + 16 * wi + g + 8 * h);
 #pragma unroll
     for (int i = 0; i < 128; i += 2) {
       const int h = (i >> 1) & 1;
@@ -806,9 +807,9 @@ struct WsMainloop {
     if (wg == 0 && t == 0) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int row = m.row0 + 16 * wi + g + 8 * h;
-        if (row >= m.rows) continue;
-        m.store_lse(pc, split, row, lse[h]);
+        const int row = ctx.row0 + 16 * wi + g + 8 * h;
+        if (row >= ctx.rows) continue;
+        ctx.store_lse(pc, split, row, lse[h]);
       }
     }
     // sQ, sP and row_sum are rewritten by the next piece only after every consumer is here.
@@ -822,53 +823,46 @@ template <class Tr>
 __global__ void __launch_bounds__(384, 1) decode_kernel_ws(const KernelArgs p) {
 #if defined(MLAKIT_WGMMA_ENABLED)
   extern __shared__ __align__(1024) unsigned char smem[];
-  __shared__ WsStaticStorage sv;
-  WsSharedStorage& ss = *reinterpret_cast<WsSharedStorage*>(smem);
+  __shared__ WsStaticStorage state;
+  WsSharedStorage& tiles = *reinterpret_cast<WsSharedStorage*>(smem);
   using ML = WsMainloop<Tr>;
   const int row_tile = static_cast<int>(blockIdx.x);
   const int cta = cta_slot(static_cast<int>(blockIdx.y), static_cast<int>(gridDim.y));
   const CtaPlan cp = p.ws.ctas[cta];
   const int per_cta = p.ws.header[1];
-  DecodeMainloop<Tr> dm{p,
-                        smem,
-                        0,
-                        row_tile,
-                        Tr::heads(p.a),
-                        Tr::q_len(p.a),
-                        0,
-                        0,
-                        Tr::causal(p.a),
-                        Tr::kv_dtype(p.a),
-                        0};
-  dm.rows = dm.heads * dm.q_len;
-  dm.row0 = row_tile * Tr::kRows;
-  dm.kv_bytes = static_cast<int>(dtype_bytes(dm.kv));
-  if (dm.row0 >= dm.rows) return;
+  // The context spelled out rather than through PieceContext::of_tile: ptxas schedules the
+  // dynamic-KV producer differently through that function, and this code is the validated one.
+  PieceContext<Tr> ctx{p, 0, row_tile, Tr::heads(p.a), Tr::q_len(p.a), 0, 0, Tr::causal(p.a),
+                       Tr::kv_dtype(p.a), 0};
+  ctx.rows = ctx.heads * ctx.q_len;
+  ctx.row0 = row_tile * Tr::kRows;
+  ctx.kv_bytes = static_cast<int>(dtype_bytes(ctx.kv));
+  if (ctx.row0 >= ctx.rows) return;
   if (threadIdx.x == 0) {
     // Arrivals that release each stage half (see the header comment): stage 0 holds tile A,
     // stage 1 tile B.
     constexpr int kW = ML::kConsumerThreads / 2 / 32;  // the warps of one warpgroup
     constexpr int kReleasers[2][2] = {{kW, kW}, {kW, kW}};
-    ML::Pipeline::init(sv.bars, kReleasers);
+    ML::Pipeline::init(state.bars, kReleasers);
     arch::mbar_init_fence();
   }
   __syncthreads();
-  ML ml{dm, ss, sv};
+  ML mainloop{ctx, tiles, state};
   typename ML::State st;
   if (threadIdx.x >= ML::kConsumerThreads) {
     arch::setmaxnreg_dec<ML::kProducerRegs>();
     for (int b = cp.req_begin; b <= cp.req_end; ++b) {
-      dm.b = b;
+      ctx.b = b;
       const RequestPlan rq = p.ws.requests[b];
-      ml.produce(ml.range(rq, piece_of(p.shape, rq, cta, per_cta)), st);
+      mainloop.produce(mainloop.range(rq, piece_of(p.shape, rq, cta, per_cta)), st);
     }
   } else {
     arch::setmaxnreg_inc<ML::kConsumerRegs>();
     for (int b = cp.req_begin; b <= cp.req_end; ++b) {
-      dm.b = b;
+      ctx.b = b;
       const RequestPlan rq = p.ws.requests[b];
       const Piece pc = piece_of(p.shape, rq, cta, per_cta);
-      ml.consume(rq, pc, ml.range(rq, pc), st);
+      mainloop.consume(rq, pc, mainloop.range(rq, pc), st);
     }
   }
 #else
@@ -878,4 +872,4 @@ __global__ void __launch_bounds__(384, 1) decode_kernel_ws(const KernelArgs p) {
 
 }  // namespace mlakit::detail
 
-#endif  // MLAKIT_PLATFORM_CUDA
+#endif  // MLAKIT_HAS_SM90A_KERNELS

@@ -40,9 +40,9 @@ struct KtChunkRingForm : KtSoftmax<Tr, typename Tr::Tq, 2> {
   using Base::kTok;
   using Base::kTokStride;
   using Base::kWg;
-  using Base::m;
-  using Base::ss;
-  using Base::sv;
+  using Base::ctx;
+  using Base::tiles;
+  using Base::state;
   using typename Base::Cfg;
   using typename Base::Copy;
   using typename Base::Pipeline;
@@ -59,10 +59,10 @@ struct KtChunkRingForm : KtSoftmax<Tr, typename Tr::Tq, 2> {
   // each token) goes to ring position c after st, as soon as that slot is released.
   __device__ void produce(const Range& r, State& st) const {
     if (r.n_tiles == 0) return;
-    const Pipeline pipe{sv.bars};
+    const Pipeline pipe{state.bars};
     const int pl = static_cast<int>(threadIdx.x) - kConsumerThreads;
     const int sub = pl & 3, r0 = pl >> 2;
-    const std::int32_t* table = m.page_table();
+    const std::int32_t* table = ctx.page_table();
     const int last = r.kv_end - 1;
     // Unit u = sub + 4 c of the 72 of a token lies in chunk c >> 1 at position
     // (sub + 4 (c & 1)) ^ (r0 & 7): dst0 for even c, dst1 for odd c.
@@ -76,7 +76,7 @@ struct KtChunkRingForm : KtSoftmax<Tr, typename Tr::Tq, 2> {
       std::uint32_t bytes[kTok];
       this->token_sources(r, kt, r0, sub, id, src, bytes);
       if (i + 1 < r.n_tiles) this->fetch_pages(table, kt + 64, last, pl, id);  // in flight
-      const std::uint32_t ring = smem_u32(ss.kv[0]);
+      const std::uint32_t ring = smem_u32(tiles.kv[0]);
       const auto acquire = [&](int c) {  // the slot of chunk c, once released; its address
         const State sc = st.at(c);
         pipe.producer_acquire(sc, 0);
@@ -118,10 +118,10 @@ struct KtChunkRingForm : KtSoftmax<Tr, typename Tr::Tq, 2> {
   // Q [kRows x 576] -> sQ in the Q type, dims in natural order; every row is scaled by
   // scale_log2 in the softmax.
   __device__ void load_q() const {
-    unsigned char* q = ss.q;
-    m.template copy_q_tile<kConsumerThreads, kRows>(q);
+    unsigned char* q = tiles.q;
+    ctx.template copy_q_tile<kConsumerThreads, kRows>(q);
     for (int n = static_cast<int>(threadIdx.x); n < kRows; n += kConsumerThreads)
-      sv.q_scale[n] = m.p.scale_log2;
+      state.q_scale[n] = ctx.p.scale_log2;
     Copy::commit();
     Copy::template wait<0>();
     arch::fence_proxy_async_smem();
@@ -130,7 +130,7 @@ struct KtChunkRingForm : KtSoftmax<Tr, typename Tr::Tq, 2> {
   // The products address the tile's chunks from the ring's start; issue_s waits for each.
   __device__ std::uint32_t tile_kv(const Pipeline& pipe, const State& st) const {
     (void)pipe, (void)st;
-    return smem_u32(ss.kv[0]);
+    return smem_u32(tiles.kv[0]);
   }
   // The rope chunk (ring position 8 after st) is read by S^T only.
   __device__ void release_after_s(const Pipeline& pipe, const State& st) const {
@@ -143,11 +143,11 @@ struct KtChunkRingForm : KtSoftmax<Tr, typename Tr::Tq, 2> {
   __device__ void issue_s(float (&s)[kS], std::uint32_t kv, int wi, int lane,
                           const State& st) const {
     (void)wi, (void)lane;
-    std::uint32_t q_addr = smem_u32(ss.q);
+    std::uint32_t q_addr = smem_u32(tiles.q);
     asm volatile("" : "+r"(kv), "+r"(q_addr));
     const arch::WgmmaDescBase dk = arch::WgmmaDescBase::make(kv, 16, 1024);
     const arch::WgmmaDescBase dq = arch::WgmmaDescBase::make(q_addr, 16, 1024);
-    const Pipeline pipe{sv.bars};
+    const Pipeline pipe{state.bars};
     std::uint32_t chunk = 0;  // byte offset of the chunk in the ring
 #pragma unroll
     for (int kb = 0; kb < kHeadDimQK / 16; ++kb) {
@@ -173,7 +173,7 @@ struct KtChunkRingForm : KtSoftmax<Tr, typename Tr::Tq, 2> {
     asm volatile("" : "+r"(kv), "+r"(p_addr));
     const arch::WgmmaDescBase dv = arch::WgmmaDescBase::make(kv, 64 * 128, 1024);
     const arch::WgmmaDescBase dp = arch::WgmmaDescBase::make(p_addr, 16, 1024);
-    const Pipeline pipe{sv.bars};
+    const Pipeline pipe{state.bars};
     arch::wgmma_fence();
 #pragma unroll
     for (int mb = 0; mb < 8; ++mb) {
@@ -212,7 +212,7 @@ struct KtChunkRingForm : KtSoftmax<Tr, typename Tr::Tq, 2> {
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
       const float l = this->template row_total<Wg>(Base::row_of(q, t));
-      inv[q] = l > 0.0f ? m.p.out_scale / l : 0.0f;
+      inv[q] = l > 0.0f ? ctx.p.out_scale / l : 0.0f;
       lse[q] = lse_from_state(sm.m_run[q], l);
     }
     const bool split = pc.partial_slot >= 0;
@@ -220,9 +220,9 @@ struct KtChunkRingForm : KtSoftmax<Tr, typename Tr::Tq, 2> {
     const bool odd = g & 1;
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
-      const int row = m.row0 + Base::row_of(q, t);
-      const bool valid = row < m.rows;
-      Tq* const dst = valid ? m.o_row(pc, row) : nullptr;
+      const int row = ctx.row0 + Base::row_of(q, t);
+      const bool valid = row < ctx.rows;
+      Tq* const dst = valid ? ctx.o_row(pc, row) : nullptr;
       const int i0 = 4 * (q >> 1) + (q & 1);
 #pragma unroll
       for (int mb = kMb0; mb < kMb1; ++mb) {
@@ -233,7 +233,7 @@ struct KtChunkRingForm : KtSoftmax<Tr, typename Tr::Tq, 2> {
           *reinterpret_cast<std::uint32_t*>(dst + col) =
               odd ? arch::pack2<Tq>(x, v1) : arch::pack2<Tq>(v0, x);
       }
-      if (valid && Wg == 0 && wi == 0 && g == 0) m.store_lse(pc, split, row, lse[q]);
+      if (valid && Wg == 0 && wi == 0 && g == 0) ctx.store_lse(pc, split, row, lse[q]);
     }
   }
 };

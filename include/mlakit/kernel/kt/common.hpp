@@ -19,6 +19,7 @@
 #include "../../platform/intrinsics.hpp"
 #include "../../platform/platform.hpp"
 #include "../decode_kernel.hpp"
+#include "../piece_context.hpp"
 #include "../planner_kernel.hpp"
 #include "../smem_tile.hpp"
 #include "config.hpp"
@@ -71,9 +72,9 @@ struct KtCommon {
   static_assert(kWg == 1 || kSplitDims || 2 * kWg * kS * 128 * 4 <= int(sizeof(SharedStorage::q)),
                 "the exchange buffers fit the Q region");
 
-  DecodeMainloop<Tr>& m;
-  SharedStorage& ss;
-  StaticStorage& sv;
+  PieceContext<Tr>& ctx;  // the piece: request, row tile, addressing
+  SharedStorage& tiles;   // Q, P and the KV ring (dynamic shared memory)
+  StaticStorage& state;   // row maxima and sums, Q scales, barriers (static shared memory)
 
   struct Range {
     int kv_begin, kv_end;  // tokens [kv_begin, kv_end) the piece reads (after causal clip)
@@ -81,8 +82,8 @@ struct KtCommon {
                            // past kv_end, copied as zeros and masked)
   };
   __device__ Range range(const RequestPlan& rq, const Piece& pc) const {
-    const int last_row = (m.row0 + kRows < m.rows ? m.row0 + kRows : m.rows) - 1;
-    const int vis_last = visible_keys(rq.kv_len, m.q_len, last_row / m.heads, m.causal);
+    const int last_row = (ctx.row0 + kRows < ctx.rows ? ctx.row0 + kRows : ctx.rows) - 1;
+    const int vis_last = visible_keys(rq.kv_len, ctx.q_len, last_row / ctx.heads, ctx.causal);
     Range r;
     r.kv_begin = pc.kv_begin;
     r.kv_end = pc.kv_end < vis_last ? pc.kv_end : vis_last;
@@ -120,7 +121,7 @@ struct KtCommon {
 #pragma unroll
     for (int k = 0; k < kTok; ++k) {
       const int j = min(kt + pl / 4 + kTokStride * k, last);
-      id[k] = __ldg(table + j / m.p.a.page_size);
+      id[k] = __ldg(table + j / ctx.p.a.page_size);
     }
   }
   // The source of the lane's first copy of each of its tokens (lane row r0, unit sub) of the
@@ -132,8 +133,8 @@ struct KtCommon {
     for (int k = 0; k < kTok; ++k) {
       const int j = kt + r0 + kTokStride * k;
       const bool valid = j < r.kv_end;
-      src[k] = (valid ? m.page_row(id[k], j % m.p.a.page_size)
-                      : static_cast<const unsigned char*>(m.p.a.kv)) +
+      src[k] = (valid ? ctx.page_row(id[k], j % ctx.p.a.page_size)
+                      : static_cast<const unsigned char*>(ctx.p.a.kv)) +
                16 * sub;
       bytes[k] = valid ? 16u : 0u;
     }

@@ -9,7 +9,7 @@
 //   KtMainloopOf<Form> (here)
 // A form supplies the KV ring's producer and the operands of the two products:
 //   produce(r, st)        fills the ring with the range's tiles (kChunksPerTile positions each)
-//   load_q()              Q into sQ (and the row scales into sv.q_scale), fenced for wgmma
+//   load_q()              Q into sQ (and the row scales into state.q_scale), fenced for wgmma
 //   tile_kv(pipe, st)     the shared address the products of the tile at st read (where the
 //                         form waits for whole tiles, after the wait)
 //   issue_s(s, kv, ..)    S^T = K Q^T issued and committed; the caller waits
@@ -46,12 +46,12 @@ struct KtMainloopOf : Form {
   using Form::kS;
   using Form::kSplitDims;
   using Form::kWg;
-  using Form::m;
+  using Form::ctx;
   using Form::ordered;
   using Form::owned_row;
   using Form::row_of;
-  using Form::ss;
-  using Form::sv;
+  using Form::tiles;
+  using Form::state;
   using Form::tile_p_bar;
   using typename Form::Pipeline;
   using typename Form::Range;
@@ -82,7 +82,7 @@ struct KtMainloopOf : Form {
     const int lane = lane_id(), wi = warp_id() & 3;
     const int g = lane >> 2, t = lane & 3;
     const int L = rq.kv_len;
-    const int vis_first = visible_keys(L, m.q_len, m.row0 / m.heads, m.causal);
+    const int vis_first = visible_keys(L, ctx.q_len, ctx.row0 / ctx.heads, ctx.causal);
     const int mask_from = r.kv_end < vis_first ? r.kv_end : vis_first;
     Softmax sm;
     start_rows(sm, L, r, t);
@@ -95,8 +95,8 @@ struct KtMainloopOf : Form {
     if (r.n_tiles > 0) {
       this->load_q();
       arch::named_sync(arch::NamedBarrier::consumers, kConsumerThreads);  // sQ complete
-      const Pipeline pipe{sv.bars};
-      const std::uint32_t p_addr = smem_u32(ss.p[w]);
+      const Pipeline pipe{state.bars};
+      const std::uint32_t p_addr = smem_u32(tiles.p[w]);
       for (int i = 0; i < r.n_tiles; ++i, st.advance(Cfg::kChunksPerTile)) {
         if (kWg > 1 && i % kWg != w) continue;  // the other warpgroup's tile
         const int kt = r.kv_begin + 64 * i;
@@ -136,8 +136,8 @@ struct KtMainloopOf : Form {
     for (int q = 0; q < kQ; ++q) {
       sm.m_run[q] = neg_inf();
       sm.l_run[q] = 0.0f;
-      const int row = m.row0 + row_of(q, t);
-      const int v = visible_keys(L, m.q_len, row / m.heads, m.causal);
+      const int row = ctx.row0 + row_of(q, t);
+      const int v = visible_keys(L, ctx.q_len, row / ctx.heads, ctx.causal);
       sm.row_limit[q] = v < r.kv_end ? v : r.kv_end;
     }
     sm.m_own = neg_inf();
@@ -177,7 +177,7 @@ struct KtMainloopOf : Form {
     const int lane = lane_id(), wi = warp_id() & 3;
     const int g = lane >> 2, t = lane & 3;
     const int L = rq.kv_len;
-    const int vis_first = visible_keys(L, m.q_len, m.row0 / m.heads, m.causal);
+    const int vis_first = visible_keys(L, ctx.q_len, ctx.row0 / ctx.heads, ctx.causal);
     const int mask_from = r.kv_end < vis_first ? r.kv_end : vis_first;
     float l_run[kQ];
 #pragma unroll
@@ -192,8 +192,8 @@ struct KtMainloopOf : Form {
       start_pair_rows(L, r);
       this->load_q();
       arch::named_sync(arch::NamedBarrier::consumers, kConsumerThreads);  // sQ, row limits
-      const Pipeline pipe{sv.bars};
-      const std::uint32_t p0 = smem_u32(ss.p[0]), p1 = smem_u32(ss.p[1]);
+      const Pipeline pipe{state.bars};
+      const std::uint32_t p0 = smem_u32(tiles.p[0]), p1 = smem_u32(tiles.p[1]);
       for (int j = 0; 2 * j < r.n_tiles; ++j) {
         State st_b = st;
         st_b.advance();
@@ -220,7 +220,7 @@ struct KtMainloopOf : Form {
     Softmax sm;
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
-      sm.m_run[q] = r.n_tiles > 0 ? sv.m_run[((r.n_tiles >> 1) - 1) & 1][row_of(q, t)] : neg_inf();
+      sm.m_run[q] = r.n_tiles > 0 ? state.m_run[((r.n_tiles >> 1) - 1) & 1][row_of(q, t)] : neg_inf();
       sm.l_run[q] = l_run[q];
     }
     if (w == 0)
@@ -233,10 +233,10 @@ struct KtMainloopOf : Form {
   // running max (read by pair 0) and pair 0's maxima started at -inf.
   __device__ void start_pair_rows(int L, const Range& r) const {
     for (int n = static_cast<int>(threadIdx.x); n < kRows; n += kConsumerThreads) {
-      const int v = visible_keys(L, m.q_len, (m.row0 + n) / m.heads, m.causal);
-      sv.row_limit[n] = v < r.kv_end ? v : r.kv_end;
-      sv.m_run[1][n] = neg_inf();
-      sv.pair_max[0][n] = ordered(neg_inf());
+      const int v = visible_keys(L, ctx.q_len, (ctx.row0 + n) / ctx.heads, ctx.causal);
+      state.row_limit[n] = v < r.kv_end ? v : r.kv_end;
+      state.m_run[1][n] = neg_inf();
+      state.pair_max[0][n] = ordered(neg_inf());
     }
   }
 
@@ -249,7 +249,7 @@ struct KtMainloopOf : Form {
   __device__ void merge(Softmax& sm, float (&o)[8][kS]) const {
     static_assert(2 * kQ <= kS, "m and l fit one accumulator's slot");
     const int ltid = static_cast<int>(threadIdx.x) & 127;
-    float4* const buf = reinterpret_cast<float4*>(ss.q);
+    float4* const buf = reinterpret_cast<float4*>(tiles.q);
     constexpr int kF4 = kS / 4;            // float4 per accumulator and thread
     constexpr int kBuf = kWg * kF4 * 128;  // float4 per buffer
     auto slot = [&](int buffer, int wg, int v) {

@@ -48,9 +48,9 @@ struct KtRawFp8Form : KtSoftmax<Tr, fp16_t, 1> {
   using Base::kTok;
   using Base::kTokStride;
   using Base::kWg;
-  using Base::m;
-  using Base::ss;
-  using Base::sv;
+  using Base::ctx;
+  using Base::tiles;
+  using Base::state;
   using Atom = typename Tr::Atom;  // arch::MmaAtom<fp16_t>: ldmatrix and the widening
   using typename Base::Copy;
   using typename Base::Pipeline;
@@ -77,10 +77,10 @@ struct KtRawFp8Form : KtSoftmax<Tr, fp16_t, 1> {
   // whole (kCopies units of 16 bytes), rows past the range's end as zeros.
   __device__ void produce(const Range& r, State& st) const {
     if (r.n_tiles == 0) return;
-    const Pipeline pipe{sv.bars};
+    const Pipeline pipe{state.bars};
     const int pl = static_cast<int>(threadIdx.x) - kConsumerThreads;
     const int sub = pl & 3, r0 = pl >> 2;
-    const std::int32_t* table = m.page_table();
+    const std::int32_t* table = ctx.page_table();
     const int last = r.kv_end - 1;
     // row r0 of 576 B, unit swizzle (r0 >> 1) & 3
     const std::uint32_t dst0 = r0 * kHeadDimQK + ((sub ^ ((r0 >> 1) & 3)) << 4);
@@ -93,7 +93,7 @@ struct KtRawFp8Form : KtSoftmax<Tr, fp16_t, 1> {
       this->token_sources(r, kt, r0, sub, id, src, bytes);
       if (i + 1 < r.n_tiles) this->fetch_pages(table, kt + 64, last, pl, id);  // in flight
       pipe.producer_acquire(st, 0);
-      const std::uint32_t dst = smem_u32(ss.kv[st.stage()]) + dst0;
+      const std::uint32_t dst = smem_u32(tiles.kv[st.stage()]) + dst0;
 #pragma unroll
       for (int k = 0; k < kTok; ++k) {
 #pragma unroll
@@ -110,15 +110,15 @@ struct KtRawFp8Form : KtSoftmax<Tr, fp16_t, 1> {
   // Q [kRows x 576] -> sQ in f16 x 2^e per row, each 16-dim block permuted as the K fragments
   // deliver it (dims {0,1,4,5,8,9,12,13} in unit 2 blk, {2,3,6,7,10,11,14,15} in 2 blk + 1).
   __device__ void load_q() const {
-    unsigned char* q = ss.q;
-    m.template load_q_scaled<kConsumerThreads>(
+    unsigned char* q = tiles.q;
+    ctx.template load_q_scaled<kConsumerThreads>(
         [&](int r, int blk, const std::uint32_t(&w)[8]) {
           *reinterpret_cast<uint4*>(q + QTile::unit_offset(r, 2 * blk)) =
               uint4{w[0], w[2], w[4], w[6]};
           *reinterpret_cast<uint4*>(q + QTile::unit_offset(r, 2 * blk + 1)) =
               uint4{w[1], w[3], w[5], w[7]};
         },
-        sv.q_scale, m.p.scale_log2);
+        state.q_scale, ctx.p.scale_log2);
     arch::fence_proxy_async_smem();
   }
 
@@ -126,7 +126,7 @@ struct KtRawFp8Form : KtSoftmax<Tr, fp16_t, 1> {
   // ldmatrix reads it).
   __device__ std::uint32_t tile_kv(const Pipeline& pipe, const State& st) const {
     pipe.consumer_wait_generic(st, 0);
-    return smem_u32(ss.kv[st.stage()]);
+    return smem_u32(tiles.kv[st.stage()]);
   }
   // Nothing to release after S^T: the whole stage is released after the P V's last ldmatrix.
   __device__ void release_after_s(const Pipeline& pipe, const State& st) const {
@@ -150,7 +150,7 @@ struct KtRawFp8Form : KtSoftmax<Tr, fp16_t, 1> {
     const int x = (key >> 1) & 3, hi = lane >> 4;
     std::uint32_t base_e = kv + key * kHeadDimQK + ((hi ^ x) << 4);
     std::uint32_t base_o = kv + key * kHeadDimQK + (((2 + hi) ^ x) << 4);
-    std::uint32_t q_addr = smem_u32(ss.q);
+    std::uint32_t q_addr = smem_u32(tiles.q);
     asm volatile("" : "+r"(base_e), "+r"(base_o), "+r"(q_addr));
     const arch::WgmmaDescBase dq = arch::WgmmaDescBase::make(q_addr, 16, 1024);
     constexpr int kBatches = (18 + kSPairsPerBatch - 1) / kSPairsPerBatch;
@@ -197,7 +197,7 @@ struct KtRawFp8Form : KtSoftmax<Tr, fp16_t, 1> {
   __device__ void issue_pv(float (&o)[kMbOwn][kS], std::uint32_t kv, std::uint32_t p_addr, int wi,
                            int lane, const State& st, int mb_base = 0) const {
     constexpr int kHalves = kMbOwn / 4;  // batches per 16 keys
-    const Pipeline pipe{sv.bars};
+    const Pipeline pipe{state.bars};
     // Lane address of the transposing ldmatrix.x4: tokens 16 j + (lane & 7) + 8 ((lane >> 3)
     // & 1) of raw chunk 4 (mb + (lane >> 4)) + wi (matrices 2, 3: the next dims block),
     // swizzled by (token >> 1) & 3 = (lane & 7) >> 1.
@@ -278,7 +278,7 @@ struct KtRawFp8Form : KtSoftmax<Tr, fp16_t, 1> {
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
       const float l = this->template row_total<Wg>(Base::row_of(q, t));
-      inv[q] = l > 0.0f ? m.p.out_scale / l : 0.0f;
+      inv[q] = l > 0.0f ? ctx.p.out_scale / l : 0.0f;
       lse[q] = lse_from_state(sm.m_run[q], l);
     }
     const bool split = pc.partial_slot >= 0;
@@ -286,9 +286,9 @@ struct KtRawFp8Form : KtSoftmax<Tr, fp16_t, 1> {
     constexpr int kOff = Base::kSplitDims ? kMb0 : 0;  // o[] holds blocks from kOff on
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
-      const int row = m.row0 + Base::row_of(q, t);
-      if (row >= m.rows) continue;
-      Tq* const dst = m.o_row(pc, row);  // once per row: partial slot or output
+      const int row = ctx.row0 + Base::row_of(q, t);
+      if (row >= ctx.rows) continue;
+      Tq* const dst = ctx.o_row(pc, row);  // once per row: partial slot or output
 #pragma unroll
       for (int mb = kMb0; mb < kMb1; ++mb) {
         // o[mb][4 j + 2 h + e]: dim 16 (4 mb + wi) + 2 g + h, row 8 j + 2 t + e (q = 2 j + e)
@@ -297,7 +297,7 @@ struct KtRawFp8Form : KtSoftmax<Tr, fp16_t, 1> {
         const float v0 = o[mb - kOff][i0] * inv[q], v1 = o[mb - kOff][i0 + 2] * inv[q];
         *reinterpret_cast<std::uint32_t*>(dst + col) = arch::pack2<Tq>(v0, v1);
       }
-      if (Wg == 0 && wi == 0 && g == 0) m.store_lse(pc, split, row, lse[q]);
+      if (Wg == 0 && wi == 0 && g == 0) ctx.store_lse(pc, split, row, lse[q]);
     }
   }
 };

@@ -3,10 +3,10 @@
 // statistics over transposed score tiles (S^T: keys are M, rows are N), P into shared memory
 // as the B operand of O^T += V^T P^T, and the row totals of the epilogue.
 //   16 and 32 rows (softmax()): each consumer warpgroup owns whole tiles; the four warps'
-//     row maxima meet in sv.tile_max (named barrier tile_max_bar(w)), and P = 2^(s - base)
+//     row maxima meet in state.tile_max (named barrier tile_max_bar(w)), and P = 2^(s - base)
 //     with a running max that moves only when it must (lazy_running_max).
 //   64 rows (softmax_pair()): the two warpgroups' tiles of a pair share the row maxima through
-//     sv.pair_max, so both form the same running max; O^T is rescaled where a row moved it.
+//     state.pair_max, so both form the same running max; O^T is rescaled where a row moved it.
 // Every per-row value is formed once per row by the lane that owns it after the transposed
 // reduction (row_max_transposed) and handed to the lanes that hold the row through shared
 // memory.
@@ -37,8 +37,8 @@ struct KtSoftmax : KtCommon<Tr, Tc_, KvBytes> {
   using Base::kRows;
   using Base::kS;
   using Base::kSplitDims;
-  using Base::m;
-  using Base::sv;
+  using Base::ctx;
+  using Base::state;
   using Base::tile_max_bar;
   using typename Base::Tc;
 
@@ -83,8 +83,8 @@ struct KtSoftmax : KtCommon<Tr, Tc_, KvBytes> {
 
   // Row n's maximum over the tile: the four warps' maxima of warpgroup w (16 and 32 rows).
   __device__ float warps_row_max(int par, int w, int n) const {
-    return fmaxf(fmaxf(sv.tile_max[par][w][0][n], sv.tile_max[par][w][1][n]),
-                 fmaxf(sv.tile_max[par][w][2][n], sv.tile_max[par][w][3][n]));
+    return fmaxf(fmaxf(state.tile_max[par][w][0][n], state.tile_max[par][w][1][n]),
+                 fmaxf(state.tile_max[par][w][2][n], state.tile_max[par][w][3][n]));
   }
 
   // The softmax of warpgroup w's tile (16 and 32 rows). s[i]: key 16 wi + g + 8 ((i >> 1) & 1),
@@ -102,7 +102,7 @@ struct KtSoftmax : KtCommon<Tr, Tc_, KvBytes> {
     }
   }
   // Scales the scores by their row's scale, masks keys at or past a row's limit, and writes
-  // the warp's row maxima to sv.tile_max[par][w][wi].
+  // the warp's row maxima to state.tile_max[par][w][wi].
   __device__ void publish_tile_max(float (&s)[kS], int kt, bool need_mask, int w, int wi, int g,
                                    int t, int par, const Softmax& sm) const {
     float mt[kQ];
@@ -111,37 +111,37 @@ struct KtSoftmax : KtCommon<Tr, Tc_, KvBytes> {
 #pragma unroll
     for (int i = 0; i < kS; ++i) {
       const int q = 2 * (i >> 2) + (i & 1), h = (i >> 1) & 1;
-      s[i] *= sv.q_scale[row_of(q, t)];
+      s[i] *= state.q_scale[row_of(q, t)];
       if (need_mask && kt + 16 * wi + g + 8 * h >= sm.row_limit[q]) s[i] = neg_inf();
       mt[q] = fmaxf(mt[q], s[i]);
     }
     if constexpr (kQ >= 8) {
       row_max_transposed(mt, lane_id());
 #pragma unroll
-      for (int i = 0; i < kQ / 8; ++i) sv.tile_max[par][w][wi][owned_row(i, g, t)] = mt[i];
+      for (int i = 0; i < kQ / 8; ++i) state.tile_max[par][w][wi][owned_row(i, g, t)] = mt[i];
     } else {
 #pragma unroll
       for (int q = 0; q < kQ; ++q) {
         mt[q] = warp_row_max(mt[q]);
-        if (g == 0) sv.tile_max[par][w][wi][row_of(q, t)] = mt[q];
+        if (g == 0) state.tile_max[par][w][wi][row_of(q, t)] = mt[q];
       }
     }
   }
   // 32 rows: each lane forms the running max of the row it owns (kept in sm.m_own), its
   // exponent base and alpha, and hands base and alpha to the lanes of its warp that hold the
-  // row (row_of(q, t) is owned by lane 4 q + t) through sv.row_exp32: formed once per row, not
+  // row (row_of(q, t) is owned by lane 4 q + t) through state.row_exp32: formed once per row, not
   // by every thread for each of its rows. Then P = 2^(s - base) and l = l alpha + P.
   __device__ void exponentiate_owned_rows(float (&s)[kS], int w, int wi, int g, int t, int par,
                                           Softmax& sm, float (&alpha)[kQ]) const {
     const int n = owned_row(0, g, t);
     const float m_new = lazy_running_max(sm.m_own, warps_row_max(par, w, n));
     const float base = exp_base(m_new);
-    sv.row_exp32[w][wi][lane_id()] = make_float2(base, fast_exp2(sm.m_own - base));
+    state.row_exp32[w][wi][lane_id()] = make_float2(base, fast_exp2(sm.m_own - base));
     sm.m_own = m_new;
     __syncwarp();  // orders the row_exp32 stores before the warp's loads
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
-      const float2 x = sv.row_exp32[w][wi][4 * q + t];
+      const float2 x = state.row_exp32[w][wi][4 * q + t];
       alpha[q] = x.y;
       sm.l_run[q] *= x.y;
 #pragma unroll
@@ -207,7 +207,7 @@ struct KtSoftmax : KtCommon<Tr, Tc_, KvBytes> {
   }
 
   // The softmax of warpgroup w's tile of a pair. The row maxima of the pair's two tiles and the
-  // previous running max meet in sv.pair_max[par] (shared atomicMax of ordered ints, started
+  // previous running max meet in state.pair_max[par] (shared atomicMax of ordered ints, started
   // at the previous max), so both warpgroups read the same maximum and take the same running
   // max from it (lazy_running_max); l stays per thread (own keys).
   // The scores stay unscaled until the exponent: the row scale sc (scale_log2 x 2^-e of Q's
@@ -221,15 +221,15 @@ struct KtSoftmax : KtCommon<Tr, Tc_, KvBytes> {
     arch::named_sync(arch::NamedBarrier::tile_max, kConsumerThreads);
     const bool moved = hand_over_row_exp(w, wi, g, t, par);
     // Row pair (8 q2 + 2 t, + 1) was formed by lane 4 q2 + t.
-    const float4* const rx = sv.row_exp[4 * w + wi];
+    const float4* const rx = state.row_exp[4 * w + wi];
     exponentiate_pair(s, rx, t, l_run);
     if (moved) rescale_pair(o, rx, t);
   }
-  // Keys at or past a row's limit (sv.row_limit) to -inf.
+  // Keys at or past a row's limit (state.row_limit) to -inf.
   __device__ void mask_pair_tile(float (&s)[kS], int kt, int wi, int g, int t) const {
 #pragma unroll
     for (int q2 = 0; q2 < kQ / 2; ++q2) {  // rows 8 q2 + 2 t and + 1: q = 2 q2, 2 q2 + 1
-      const int2 l2 = *reinterpret_cast<const int2*>(&sv.row_limit[8 * q2 + 2 * t]);
+      const int2 l2 = *reinterpret_cast<const int2*>(&state.row_limit[8 * q2 + 2 * t]);
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -237,7 +237,7 @@ struct KtSoftmax : KtCommon<Tr, Tc_, KvBytes> {
           if (kt + 16 * wi + g + 8 * h >= (e == 0 ? l2.x : l2.y)) s[4 * q2 + 2 * h + e] = neg_inf();
     }
   }
-  // The tile's scaled row maxima into sv.pair_max[par]: each lane's two owned rows after the
+  // The tile's scaled row maxima into state.pair_max[par]: each lane's two owned rows after the
   // transposed reduction.
   __device__ void publish_pair_max(const float (&s)[kS], int g, int t, int par) const {
     float mt[kQ];
@@ -251,33 +251,33 @@ struct KtSoftmax : KtCommon<Tr, Tc_, KvBytes> {
     row_max_transposed(mt, lane_id());
     // The two rows this lane owns now are adjacent: owned_row(0, g, t) = 8 g + 2 t.
     const int n = owned_row(0, g, t);
-    const float2 sc = *reinterpret_cast<const float2*>(&sv.q_scale[n]);
-    atomicMax(&sv.pair_max[par][n], ordered(mt[0] * sc.x));
-    atomicMax(&sv.pair_max[par][n + 1], ordered(mt[1] * sc.y));
+    const float2 sc = *reinterpret_cast<const float2*>(&state.q_scale[n]);
+    atomicMax(&state.pair_max[par][n], ordered(mt[0] * sc.x));
+    atomicMax(&state.pair_max[par][n + 1], ordered(mt[1] * sc.y));
   }
-  // The previous max is sv.m_run[par ^ 1]; this pair's is lazy_running_max of it and the
+  // The previous max is state.m_run[par ^ 1]; this pair's is lazy_running_max of it and the
   // pair's max. Each lane forms it for the two rows it owned in the reduction (n = 8 g + 2 t,
   // n + 1) with their exponent base and alpha = 2^(m_old - base) (exactly 1 where the max
   // stayed), and hands them to the lanes of its warp that hold those rows through
-  // sv.row_exp[warp][lane] (formed once per row, not by every thread for each of its 16
-  // rows). Warp 0 of warpgroup 0 writes the max to sv.m_run[par] and starts the next
-  // pair's sv.pair_max[par ^ 1] at it (both were last read before the previous pair's
+  // state.row_exp[warp][lane] (formed once per row, not by every thread for each of its 16
+  // rows). Warp 0 of warpgroup 0 writes the max to state.m_run[par] and starts the next
+  // pair's state.pair_max[par ^ 1] at it (both were last read before the previous pair's
   // NamedBarrier::tile_p). Returns whether a row of the warp moved its max.
   __device__ bool hand_over_row_exp(int w, int wi, int g, int t, int par) const {
     bool lane_moved;
     {
       const int n = owned_row(0, g, t);
-      const float2 m_old = *reinterpret_cast<const float2*>(&sv.m_run[par ^ 1][n]);
-      const int2 pm = *reinterpret_cast<const int2*>(&sv.pair_max[par][n]);
+      const float2 m_old = *reinterpret_cast<const float2*>(&state.m_run[par ^ 1][n]);
+      const int2 pm = *reinterpret_cast<const int2*>(&state.pair_max[par][n]);
       const float2 m_new = make_float2(lazy_running_max(m_old.x, from_ordered(pm.x)),
                                        lazy_running_max(m_old.y, from_ordered(pm.y)));
       const float2 base = make_float2(exp_base(m_new.x), exp_base(m_new.y));
-      sv.row_exp[4 * w + wi][lane_id()] =
+      state.row_exp[4 * w + wi][lane_id()] =
           make_float4(base.x, base.y, fast_exp2(m_old.x - base.x), fast_exp2(m_old.y - base.y));
       lane_moved = m_new.x != m_old.x || m_new.y != m_old.y;
       if (w == 0 && wi == 0) {
-        *reinterpret_cast<float2*>(&sv.m_run[par][n]) = m_new;
-        *reinterpret_cast<int2*>(&sv.pair_max[par ^ 1][n]) =
+        *reinterpret_cast<float2*>(&state.m_run[par][n]) = m_new;
+        *reinterpret_cast<int2*>(&state.pair_max[par ^ 1][n]) =
             make_int2(ordered(m_new.x), ordered(m_new.y));
       }
     }
@@ -292,7 +292,7 @@ struct KtSoftmax : KtCommon<Tr, Tc_, KvBytes> {
 #pragma unroll
     for (int q2 = 0; q2 < kQ / 2; ++q2) {
       const float4 x = rx[4 * q2 + t];
-      const float2 sc2 = *reinterpret_cast<const float2*>(&sv.q_scale[8 * q2 + 2 * t]);
+      const float2 sc2 = *reinterpret_cast<const float2*>(&state.q_scale[8 * q2 + 2 * t]);
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const float base = e == 0 ? x.x : x.y, alpha = e == 0 ? x.z : x.w;
@@ -322,7 +322,7 @@ struct KtSoftmax : KtCommon<Tr, Tc_, KvBytes> {
   }
 
   // ---- the epilogue's row totals ------------------------------------------------------------
-  // Each warp's l of the thread's rows into sv.row_sum, then the consumers' barrier.
+  // Each warp's l of the thread's rows into state.row_sum, then the consumers' barrier.
   template <int Wg>
   __device__ void publish_row_sums(const Softmax& sm, int wi, int g, int t) const {
 #pragma unroll
@@ -331,7 +331,7 @@ struct KtSoftmax : KtCommon<Tr, Tc_, KvBytes> {
       l += shfl_xor(l, 4);
       l += shfl_xor(l, 8);
       l += shfl_xor(l, 16);
-      if (g == 0) sv.row_sum[Wg][wi][row_of(q, t)] = l;
+      if (g == 0) state.row_sum[Wg][wi][row_of(q, t)] = l;
     }
     consumers_sync();
   }
@@ -339,12 +339,12 @@ struct KtSoftmax : KtCommon<Tr, Tc_, KvBytes> {
   // warpgroup summed the keys of its own tiles, so both form the same total of all eight.
   template <int Wg>
   __device__ float row_total(int n) const {
-    return kSplitDims ? ((sv.row_sum[0][0][n] + sv.row_sum[0][1][n]) +
-                         (sv.row_sum[0][2][n] + sv.row_sum[0][3][n])) +
-                            ((sv.row_sum[1][0][n] + sv.row_sum[1][1][n]) +
-                             (sv.row_sum[1][2][n] + sv.row_sum[1][3][n]))
-                      : (sv.row_sum[Wg][0][n] + sv.row_sum[Wg][1][n]) +
-                            (sv.row_sum[Wg][2][n] + sv.row_sum[Wg][3][n]);
+    return kSplitDims ? ((state.row_sum[0][0][n] + state.row_sum[0][1][n]) +
+                         (state.row_sum[0][2][n] + state.row_sum[0][3][n])) +
+                            ((state.row_sum[1][0][n] + state.row_sum[1][1][n]) +
+                             (state.row_sum[1][2][n] + state.row_sum[1][3][n]))
+                      : (state.row_sum[Wg][0][n] + state.row_sum[Wg][1][n]) +
+                            (state.row_sum[Wg][2][n] + state.row_sum[Wg][3][n]);
   }
 };
 
