@@ -175,20 +175,24 @@ TEST_CASE("16-row e4m3fn tile: page sizes on both sides of its kernel choice", "
       }
 }
 
-TEST_CASE("split modes, LSE on and off", "[gpu]") {
+TEST_CASE("split modes, LSE on and off, every LSE format", "[gpu]") {
   MLAKIT_REQUIRE_GPU();
   struct S {
     SplitMode m;
     int n;
   };
+  // The crash shape's lengths include 0 (rows without keys: -inf, or +inf in FlashMLA's
+  // format) and requests the split plans cut (the combine writes their LSE) next to ones they
+  // do not (the decode kernel does).
   for (S s : {S{SplitMode::automatic, 0}, S{SplitMode::none, 0}, S{SplitMode::fixed, 1},
               S{SplitMode::fixed, 3}, S{SplitMode::fixed, 7}, S{SplitMode::fixed, 64}})
-    for (bool lse : {true, false}) {
+    for (int lse = 0; lse <= 3; ++lse) {
       Case c = crash_shape();
       c.split = s.m;
       c.num_splits = s.n;
-      c.lse = lse;
-      c.seed = 500 + int(s.m) * 100 + s.n + (lse ? 1 : 0);
+      c.lse = lse > 0;
+      if (lse > 0) c.lse_format = LseFormat(lse - 1);
+      c.seed = 500 + int(s.m) * 100 + s.n + lse;
       check_case(c);
     }
 }

@@ -145,6 +145,7 @@ struct Case {
   SplitMode split = SplitMode::automatic;
   int num_splits = 0;
   bool lse = true;
+  LseFormat lse_format = LseFormat::natural;
   std::uint64_t seed = 1;
   float q_magnitude = 1.0f;  // larger values make the softmax peaky
   // Token j of a request of kv_len L is scaled by (1 + kv_ramp j / L) / (1 + kv_ramp): the
@@ -162,7 +163,8 @@ struct Case {
                     std::to_string(heads) + " q" + std::to_string(q_len) +
                     (causal ? " causal" : " full") + " ps" + std::to_string(page_size) +
                     (ids == PageIds::csr ? " csr" : " bt") + " split" + std::to_string(int(split)) +
-                    "/" + std::to_string(num_splits) + (lse ? " lse" : "") + " lens";
+                    "/" + std::to_string(num_splits) +
+                    (lse ? " lse" + std::to_string(int(lse_format)) : "") + " lens";
     for (std::size_t i = 0; i < kv_lens.size() && i < 6; ++i) s += " " + std::to_string(kv_lens[i]);
     if (kv_lens.size() > 6) s += " ...(" + std::to_string(kv_lens.size()) + ")";
     return s;
@@ -335,6 +337,7 @@ inline void build(TestProblem& P, const Case& c) {
   P.dev.kv_len = P.d_kv_len.as<std::int32_t>();
   P.dev.out = P.d_out.ptr;
   P.dev.lse = c.lse ? P.d_lse.as<float>() : nullptr;
+  P.dev.lse_format = c.lse_format;
 }
 
 // Reference computed request by request on all host cores.
@@ -399,6 +402,14 @@ inline Outcome run_device(TestProblem& P, DeviceBuffer& ws, Stream stream = null
   return o;
 }
 
+// A reference (natural-log, -inf without keys) LSE in the format the call asked for, from the
+// definitions of the formats (not from the library's conversion).
+inline double lse_as(double natural, LseFormat format) {
+  if (format == LseFormat::base2) return natural / std::log(2.0);  // -inf stays -inf
+  if (format == LseFormat::natural_empty_is_inf && natural == -INFINITY) return INFINITY;
+  return natural;
+}
+
 inline void compare(const TestProblem& P, const reference::ReferenceOutput& ref, Outcome& o) {
   std::vector<double> got(P.out_elems);
   for (std::size_t i = 0; i < P.out_elems; ++i)
@@ -407,10 +418,12 @@ inline void compare(const TestProblem& P, const reference::ReferenceOutput& ref,
   o.max_abs = reference::max_abs_error(ref.out, got);
   if (P.c.lse) {
     std::vector<double> gl(o.lse.begin(), o.lse.end());
+    std::vector<double> want(ref.lse);
+    for (double& v : want) v = lse_as(v, P.c.lse_format);
     if (P.c.lse_relative) {
-      std::vector<double> scaled_ref(ref.lse), scaled_got(gl);
+      std::vector<double> scaled_ref(want), scaled_got(gl);
       for (std::size_t i = 0; i < gl.size(); ++i) {
-        const double d = std::max(1.0, std::fabs(ref.lse[i]));
+        const double d = std::max(1.0, std::fabs(want[i]));
         if (std::isfinite(d)) {
           scaled_ref[i] /= d;
           scaled_got[i] /= d;
@@ -418,7 +431,7 @@ inline void compare(const TestProblem& P, const reference::ReferenceOutput& ref,
       }
       o.lse_err = reference::max_lse_error(scaled_ref, scaled_got);
     } else {
-      o.lse_err = reference::max_lse_error(ref.lse, gl);
+      o.lse_err = reference::max_lse_error(want, gl);
     }
   } else {
     o.lse_err = 0.0;

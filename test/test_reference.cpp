@@ -431,3 +431,22 @@ TEST_CASE("comparison helpers handle zeros, NaN and infinities", "[reference]") 
   CHECK(max_lse_error({0.0}, std::vector<double>{-kInf}) == kInf);
   CHECK(max_lse_error({0.0}, std::vector<double>{nan}) == kInf);
 }
+
+TEST_CASE("lse_in_format: natural, +inf for rows without keys, base 2", "[reference][lse]") {
+  const float kInfF = std::numeric_limits<float>::infinity();
+  const float values[] = {-kInfF, -87.5f, -1.0f, 0.0f, 1e-30f, 0.75f, 13.25f, 1e30f};
+  for (float v : values) {
+    INFO("lse " << v);
+    CHECK(lse_in_format(v, LseFormat::natural) == v);
+    // FlashMLA's convention differs from the natural log only for a row without keys.
+    CHECK(lse_in_format(v, LseFormat::natural_empty_is_inf) == (v == -kInfF ? kInfF : v));
+    // log2(x) = ln(x) / ln(2), within one float rounding of the product; -inf stays -inf.
+    const float b2 = lse_in_format(v, LseFormat::base2);
+    if (v == -kInfF) {
+      CHECK(b2 == -kInfF);
+    } else {
+      const double want = double(v) / std::log(2.0);
+      CHECK(std::abs(double(b2) - want) <= std::abs(want) * 1.2e-7);
+    }
+  }
+}

@@ -110,6 +110,8 @@ std::vector<BadCase> bad_cases() {
       {"kv_scale NaN", [](A a) { a.kv_scale = kNaN; }, "kv_scale", "nan"},
       {"kv_scale inf", [](A a) { a.kv_scale = kInf; }, "kv_scale", "inf"},
       {"split_mode 3", [](A a) { a.split_mode = SplitMode(3); }, "split_mode", "3"},
+      {"lse_format 3", [](A a) { a.lse_format = LseFormat(3); }, "lse_format", "3",
+       "natural, natural_empty_is_inf or base2"},
       {"fixed, num_splits 0",
        [](A a) {
          a.split_mode = SplitMode::fixed;

@@ -189,7 +189,7 @@ Result decode(const at::Tensor& q, const at::Tensor& kv_cache,
               const std::optional<at::Tensor>& kv_indices, const at::Tensor& kv_len,
               const at::Tensor& out, const std::optional<at::Tensor>& lse,
               const std::optional<at::Tensor>& workspace, double softmax_scale, double kv_scale,
-              bool causal, int64_t split_mode, int64_t num_splits) {
+              bool causal, int64_t split_mode, int64_t num_splits, int64_t lse_format) {
   mlakit::DecodeArgs a;
   Status s = fill_args(a, q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse);
   if (!s) return to_result(s);
@@ -202,6 +202,8 @@ Result decode(const at::Tensor& q, const at::Tensor& kv_cache,
   if (split_mode < 0 || split_mode > 255) split_mode = 255;  // the library names it invalid
   a.split_mode = static_cast<mlakit::SplitMode>(split_mode);
   a.num_splits = static_cast<int>(num_splits);
+  if (lse_format < 0 || lse_format > 255) lse_format = 255;  // the library names it invalid
+  a.lse_format = static_cast<mlakit::LseFormat>(lse_format);
 
   void* ws = nullptr;
   std::size_t ws_bytes = 0;
@@ -358,7 +360,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q"), py::arg("kv_cache"), py::arg("block_table"), py::arg("kv_indptr"),
         py::arg("kv_indices"), py::arg("kv_len"), py::arg("out"), py::arg("lse"),
         py::arg("workspace"), py::arg("softmax_scale"), py::arg("kv_scale"), py::arg("causal"),
-        py::arg("split_mode"), py::arg("num_splits"));
+        py::arg("split_mode"), py::arg("num_splits"), py::arg("lse_format"));
   m.def("merge_states", &merge_states,
         "mlakit::merge_states() on the current CUDA stream; returns (code, name, message)",
         py::arg("part_o"), py::arg("part_lse"), py::arg("out"), py::arg("out_lse"));

@@ -38,7 +38,7 @@ def has_cuda_extension():
 
 def decode(q, kv_cache, kv_len, *, block_table=None, kv_indptr=None, kv_indices=None,
            softmax_scale, kv_scale=1.0, causal=True, split="auto", num_splits=0,
-           return_lse=False, out=None, lse=None, workspace=None):
+           return_lse=False, out=None, lse=None, workspace=None, lse_format="natural"):
     """MLA decode attention; returns out, or (out, lse) when return_lse or lse is given.
 
     q          [batch, q_len, heads, 576], bf16 or fp16; q_len 1..32, heads 1..128
@@ -51,7 +51,9 @@ def decode(q, kv_cache, kv_len, *, block_table=None, kv_indptr=None, kv_indices=
     causal     bottom-right aligned: token t sees keys j <= kv_len - q_len + t
     split      "auto" (device planner), "none", or "fixed" with num_splits 1..64
     out / lse  optional outputs to write: out [batch, q_len, heads, 512] (q's dtype), lse
-               [batch, q_len, heads] float32, natural log, -inf for a row with no key
+               [batch, q_len, heads] float32
+    lse_format "natural" (ln, -inf for a row with no key), "natural_empty_is_inf" (+inf there,
+               FlashMLA's convention) or "base2" (log2, FlashInfer's default)
     Strides come from the tensors: views are accepted wherever the library's stride rules allow.
     """
     if out is None:
@@ -62,7 +64,8 @@ def decode(q, kv_cache, kv_len, *, block_table=None, kv_indptr=None, kv_indices=
     if return_lse and lse is None:
         lse = torch.empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32, device=q.device)
     torch.ops.mlakit.decode(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
-                            softmax_scale, kv_scale, causal, split, num_splits, workspace)
+                            softmax_scale, kv_scale, causal, split, num_splits, workspace,
+                            lse_format)
     return (out, lse) if lse is not None else out
 
 

@@ -21,6 +21,9 @@ MAX_BATCH = 65535
 Q_DTYPES = (torch.bfloat16, torch.float16)
 KV_DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 SPLIT_MODES = {"auto": 0, "none": 1, "fixed": 2}
+# mlakit::LseFormat: how the op writes lse (natural log; natural log with +inf for a row without
+# keys, FlashMLA's convention; base 2, FlashInfer's default).
+LSE_FORMATS = {"natural": 0, "natural_empty_is_inf": 1, "base2": 2}
 
 
 class Error(RuntimeError):
@@ -79,7 +82,8 @@ def _index(name, t, device, dims, rows):
 
 
 def check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
-                      softmax_scale, kv_scale, causal, split, num_splits, workspace):
+                      softmax_scale, kv_scale, causal, split, num_splits, workspace,
+                      lse_format="natural"):
     """Raises ArgumentError for a call the op does not accept; returns None otherwise."""
     if not isinstance(q, torch.Tensor):
         raise ArgumentError(f"q: a tensor is required, got {type(q).__name__}")
@@ -149,6 +153,8 @@ def check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, o
         _tensor("workspace", workspace, device, (1,))
         if not workspace.is_contiguous():
             raise ArgumentError("workspace: must be contiguous")
+    if not isinstance(lse_format, str) or lse_format not in LSE_FORMATS:
+        raise _domain("lse_format", repr(lse_format), "'natural', 'natural_empty_is_inf' or 'base2'")
 
 
 # ---- merge_states ------------------------------------------------------------------------------

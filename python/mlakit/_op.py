@@ -7,26 +7,31 @@ Schema (mutable outputs, nothing returned):
     mlakit::decode(Tensor q, Tensor kv_cache, Tensor? block_table, Tensor? kv_indptr,
                    Tensor? kv_indices, Tensor kv_len, Tensor(a!) out, Tensor(b!)? lse,
                    float softmax_scale, float kv_scale=1., bool causal=True,
-                   str split_mode="auto", int num_splits=0, Tensor(c!)? workspace=None) -> ()
+                   str split_mode="auto", int num_splits=0, Tensor(c!)? workspace=None,
+                   str lse_format="natural") -> ()
 
     mlakit::merge_states(Tensor part_o, Tensor part_lse, Tensor(a!) out,
                          Tensor(b!)? out_lse=None) -> ()
 
+lse_format says how decode writes lse: "natural" (ln, -inf for a row without keys), "natural_empty_is_inf"
+(FlashMLA's +inf there) or "base2" (FlashInfer's log2); the kernels write it so, with no extra pass.
 The ops write `out` (and `lse` / `out_lse` when given) in place, so engines keep their own
 output buffers and CUDA graphs see fixed addresses; mlakit.decode() and mlakit.merge_states()
 are the functional wrappers that allocate them. The decode workspace is scratch: pass one, or
 leave None to use the per-device cache of mlakit._workspace.
 """
+import math
+
 import torch
 
 from . import _ext, _workspace
-from ._checks import SPLIT_MODES, check_decode_args, check_merge_args
+from ._checks import LSE_FORMATS, SPLIT_MODES, check_decode_args, check_merge_args
 from .reference import decode_reference, merge_states_reference
 
 _SCHEMA = ("(Tensor q, Tensor kv_cache, Tensor? block_table, Tensor? kv_indptr, Tensor? kv_indices, "
            "Tensor kv_len, Tensor(a6!) out, Tensor(a7!)? lse, float softmax_scale, float kv_scale=1., "
            "bool causal=True, str split_mode=\"auto\", SymInt num_splits=0, "
-           "Tensor(a13!)? workspace=None) -> ()")
+           "Tensor(a13!)? workspace=None, str lse_format=\"natural\") -> ()")
 _MUTATED = ("out", "lse", "workspace")
 
 # Registered piece by piece (define, fake, per-device kernels, Autograd and ADInplaceOrView
@@ -74,9 +79,9 @@ decode_op = _define("decode", _SCHEMA, _MUTATED)
 
 def _decode_not_supported(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
                           softmax_scale, kv_scale=1.0, causal=True, split_mode="auto", num_splits=0,
-                          workspace=None):
+                          workspace=None, lse_format="natural"):
     check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
-                      softmax_scale, kv_scale, causal, split_mode, num_splits, workspace)
+                      softmax_scale, kv_scale, causal, split_mode, num_splits, workspace, lse_format)
     raise _ext.Error(f"mlakit.decode runs on CUDA (and on CPU through the reference), not on {q.device.type}",
                      "not_supported")
 
@@ -87,16 +92,18 @@ _lib.impl("decode", _decode_not_supported, "CompositeExplicitAutograd")
 
 @torch.library.register_fake("mlakit::decode", lib=_lib)
 def _decode_fake(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse, softmax_scale,
-                 kv_scale=1.0, causal=True, split_mode="auto", num_splits=0, workspace=None):
+                 kv_scale=1.0, causal=True, split_mode="auto", num_splits=0, workspace=None,
+                 lse_format="natural"):
     check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
-                      softmax_scale, kv_scale, causal, split_mode, num_splits, workspace)
+                      softmax_scale, kv_scale, causal, split_mode, num_splits, workspace, lse_format)
 
 
 @torch.library.register_kernel("mlakit::decode", "cuda", lib=_lib)
 def _decode_cuda(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse, softmax_scale,
-                 kv_scale=1.0, causal=True, split_mode="auto", num_splits=0, workspace=None):
+                 kv_scale=1.0, causal=True, split_mode="auto", num_splits=0, workspace=None,
+                 lse_format="natural"):
     check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
-                      softmax_scale, kv_scale, causal, split_mode, num_splits, workspace)
+                      softmax_scale, kv_scale, causal, split_mode, num_splits, workspace, lse_format)
     ext = _ext.require()
     split_code = SPLIT_MODES[split_mode]
     batch, q_len, heads = q.shape[0], q.shape[1], q.shape[2]
@@ -106,21 +113,27 @@ def _decode_cuda(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, l
         workspace = _workspace.buffer_for(q.device, batch, heads * q_len, split_code, num_splits)
     code, name, message = ext.decode(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out,
                                      lse, workspace, float(softmax_scale), float(kv_scale),
-                                     bool(causal), split_code, int(num_splits))
+                                     bool(causal), split_code, int(num_splits),
+                                     LSE_FORMATS[lse_format])
     if code != 0:
         _ext.raise_status(name, message)
 
 
 @torch.library.register_kernel("mlakit::decode", "cpu", lib=_lib)
 def _decode_cpu(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse, softmax_scale,
-                kv_scale=1.0, causal=True, split_mode="auto", num_splits=0, workspace=None):
+                kv_scale=1.0, causal=True, split_mode="auto", num_splits=0, workspace=None,
+                lse_format="natural"):
     check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
-                      softmax_scale, kv_scale, causal, split_mode, num_splits, workspace)
+                      softmax_scale, kv_scale, causal, split_mode, num_splits, workspace, lse_format)
     o, l = decode_reference(q, kv_cache, kv_len, block_table=block_table, kv_indptr=kv_indptr,
                             kv_indices=kv_indices, softmax_scale=softmax_scale, kv_scale=kv_scale,
                             causal=causal)
     out.copy_(o)
     if lse is not None:
+        if lse_format == "base2":
+            l = l * (1.0 / math.log(2.0))
+        elif lse_format == "natural_empty_is_inf":
+            l = torch.where(l == -math.inf, math.inf, l)
         lse.copy_(l)
 
 

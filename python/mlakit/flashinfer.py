@@ -19,8 +19,8 @@ What differs:
 run() launches the kernels torch.ops.mlakit.decode launches for the call, writing out and lse
 in place through strides, and nothing else when q_nope and q_pe are the two parts of one
 tensor (else they are joined by a copy) and ckv_scale equals kpe_scale (else q_pe is scaled
-into that copy); LSE in base 2 (FlashInfer's default, return_lse_base_on_e=False) is one more
-in-place pass over lse, the natural log none. Nothing is read back to the host in run(), so it
+into that copy); the kernels write lse in base 2 (FlashInfer's default,
+return_lse_base_on_e=False) or as the natural log. Nothing is read back to the host in run(), so it
 captures in a CUDA graph. With use_cuda_graph=True, plan() copies the page ids and lengths into
 the buffers given to the constructor, so a captured graph keeps reading the same addresses.
 """
@@ -160,9 +160,8 @@ class BatchMLAPagedAttentionWrapper:
         decode(q.view(batch, q_len, heads, HEAD_DIM_QK), kv, p["kv_len"] if kv_len is None else kv_len,
                kv_indptr=p["kv_indptr"], kv_indices=kv_indices, softmax_scale=p["sm_scale"],
                kv_scale=kv_scale, causal=p["causal"], out=out.view(batch, q_len, heads, HEAD_DIM_V),
-               lse=None if lse is None else lse.view(batch, q_len, heads))
-        if lse is not None and not return_lse_base_on_e:
-            lse.mul_(1.0 / math.log(2.0))  # FlashInfer's base-2 LSE
+               lse=None if lse is None else lse.view(batch, q_len, heads),
+               lse_format="natural" if return_lse_base_on_e else "base2")  # FlashInfer: log2
         return (out, lse) if return_lse else out
 
     def _scales(self, ckv_cache, ckv_scale, ckv_scale_arr, kpe_scale):

@@ -13,10 +13,10 @@ metadata only carries the workspace: when given the older arguments outside a CU
 capture, get_mla_metadata sizes it, which makes a following capture safe.
 
 The call launches exactly the kernels torch.ops.mlakit.decode launches for it: out and
-softmax_lse are written in place through strides (no copy, transpose or extra allocation),
-except for FlashMLA's +inf in softmax_lse for a row that sees no key, one in-place pass over
-softmax_lse (empty_lse=-math.inf keeps mlakit's -inf and skips it). Nothing is read back to the
-host, so the call captures in a CUDA graph.
+softmax_lse are written in place through strides (no copy, transpose or extra allocation), the
++inf of a row that sees no key by the kernels themselves (lse_format="natural_empty_is_inf";
+empty_lse=-math.inf asks for mlakit's -inf instead). Nothing is read back to the host, so the
+call captures in a CUDA graph.
 
 Not supported (ArgumentError): FlashMLA's own fp8 cache layout (is_fp8_kvcache=True, 656
 bytes per token), sparse attention (indices, topk_length, extra_k_cache, attn_sink) and
@@ -98,10 +98,9 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     """FlashMLA's dense decode call; returns (out [b, s_q, h_q, 512], softmax_lse [b, h_q, s_q]).
 
     The kernels write out and softmax_lse in place through strides (LSE in FlashMLA's layout),
-    so the call launches what torch.ops.mlakit.decode launches for it, plus, with the default
-    empty_lse=math.inf, one in-place pass over softmax_lse that turns -inf (a row without keys,
-    as mlakit writes it) into FlashMLA's +inf. empty_lse=-math.inf keeps -inf and adds no kernel
-    (merge_states and vLLM's merge treat both as empty)."""
+    so the call launches what torch.ops.mlakit.decode launches for it and nothing else. A row
+    without keys gets FlashMLA's +inf with the default empty_lse=math.inf, mlakit's -inf with
+    empty_lse=-math.inf (merge_states and vLLM's merge treat both as empty)."""
     if head_dim_v != HEAD_DIM_V:
         raise ArgumentError(f"head_dim_v = {head_dim_v}: not in the supported domain (512)")
     if is_fp8_kvcache:
@@ -135,7 +134,6 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     from . import decode
     out, _ = decode(q, k_cache, cache_seqlens, block_table=block_table, softmax_scale=softmax_scale,
                     kv_scale=1.0 if scale is None else scale, causal=bool(causal), out=out,
-                    lse=softmax_lse.transpose(1, 2))
-    if empty_lse == math.inf and softmax_lse.numel() > 0:
-        softmax_lse.nan_to_num_(nan=math.nan, posinf=math.inf, neginf=math.inf)
+                    lse=softmax_lse.transpose(1, 2),
+                    lse_format="natural_empty_is_inf" if empty_lse == math.inf else "natural")
     return out, softmax_lse

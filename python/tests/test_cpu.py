@@ -30,12 +30,14 @@ def test_schema():
     schema = torch.ops.mlakit.decode.default._schema
     names = [a.name for a in schema.arguments]
     assert names == ["q", "kv_cache", "block_table", "kv_indptr", "kv_indices", "kv_len", "out", "lse",
-                     "softmax_scale", "kv_scale", "causal", "split_mode", "num_splits", "workspace"]
+                     "softmax_scale", "kv_scale", "causal", "split_mode", "num_splits", "workspace",
+                     "lse_format"]
     written = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
     assert written == ["out", "lse", "workspace"]
     assert len(schema.returns) == 0
     defaults = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
-    assert defaults == {"kv_scale": 1.0, "causal": True, "split_mode": "auto", "num_splits": 0, "workspace": None}
+    assert defaults == {"kv_scale": 1.0, "causal": True, "split_mode": "auto", "num_splits": 0, "workspace": None,
+                        "lse_format": "natural"}
 
 
 # ---- fake implementation -----------------------------------------------------------------------
@@ -200,6 +202,11 @@ def test_cpu_op_is_the_reference():
     torch.testing.assert_close(out, ref_out.half())
     torch.testing.assert_close(lse, ref_lse)
     assert torch.all(lse[0] == -math.inf) and torch.all(out[0] == 0)
+    # The other LSE formats: FlashMLA's +inf for a row without keys, FlashInfer's base 2.
+    _, lse_inf = call_op(case, "csr", kv_scale=0.25, lse_format="natural_empty_is_inf")
+    assert torch.all(lse_inf[0] == math.inf) and torch.equal(lse_inf[1:], lse[1:])
+    _, lse_b2 = call_op(case, "csr", kv_scale=0.25, lse_format="base2")
+    torch.testing.assert_close(lse_b2, lse / math.log(2.0))
 
 
 # ---- argument errors ---------------------------------------------------------------------------
@@ -256,6 +263,7 @@ BAD = [
     ("zero scale", _set(softmax_scale=0.0), r"softmax_scale = 0.0: not in the supported domain \(finite and > 0\)"),
     ("nan kv_scale", _set(kv_scale=math.nan), r"kv_scale = nan: not in the supported domain"),
     ("split mode", _set(split_mode="half"), r"split_mode = 'half': not in the supported domain"),
+    ("lse format", _set(lse_format="log10"), r"lse_format = 'log10': not in the supported domain"),
     ("65 splits", _set(split_mode="fixed", num_splits=65), r"num_splits = 65: not in the supported domain \(allowed 1..64\)"),
     ("0 splits", _set(split_mode="fixed", num_splits=0), r"num_splits = 0: not in the supported domain"),
     ("meta kv_len", _set(kv_len=lambda a: a["kv_len"].to("meta")), r"kv_len is on meta, q on cpu"),

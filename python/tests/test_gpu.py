@@ -112,6 +112,25 @@ def test_split_modes(split, num_splits):
     check(case, out, lse)
 
 
+@pytest.mark.parametrize("split,num_splits", [("none", 0), ("fixed", 3)])
+def test_lse_formats_written_by_the_kernels(split, num_splits):
+    # Rows without keys (kv_len 0) and, with fixed splits, rows whose LSE the combine writes.
+    case = make_case(batch=3, q_len=2, heads=16, kv_dtype=torch.float8_e4m3fn, page_size=64,
+                     kv_lens=(0, 700, 3000), device="cuda", seed=11)
+    out, lse = run(case, split=split, num_splits=num_splits)
+    check(case, out, lse)
+    out_b2, lse_b2 = run(case, split=split, num_splits=num_splits, lse_format="base2")
+    out_inf, lse_inf = run(case, split=split, num_splits=num_splits, lse_format="natural_empty_is_inf")
+    torch.cuda.synchronize()
+    assert torch.equal(out_b2, out) and torch.equal(out_inf, out)
+    # base 2: the natural log times log2(e) in float32, the same rounding as FlashInfer's own
+    # conversion; -inf stays -inf.
+    assert torch.equal(lse_b2, lse * (1.0 / math.log(2.0)))
+    empty = lse == -math.inf
+    assert empty.any() and torch.all(lse_inf[empty] == math.inf)
+    assert torch.equal(lse_inf[~empty], lse[~empty])
+
+
 def test_many_requests():
     g = torch.Generator().manual_seed(5)
     lens = torch.randint(0, 400, (200,), generator=g).tolist()

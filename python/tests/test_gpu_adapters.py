@@ -1,8 +1,8 @@
 """GPU tests of the FlashMLA and FlashInfer adapters as an engine runs them, inside CUDA graphs:
 each adapter call, captured, holds the same nodes (kernels by name, memsets, copies) as
-torch.ops.mlakit.decode captured for the same call with preallocated outputs, except for the
-one in-place LSE pass that a convention other than mlakit's (FlashMLA's +inf for an empty row,
-FlashInfer's base 2) asks for; replays write the right values in the caller's layout (outputs
+torch.ops.mlakit.decode captured for the same call with preallocated outputs, also where the
+LSE convention is not mlakit's default (FlashMLA's +inf for an empty row, FlashInfer's base 2:
+the kernels write it); replays write the right values in the caller's layout (outputs
 NaN-poisoned before each replay); eager calls do not synchronise. Skipped without a CUDA GPU."""
 import math
 
@@ -74,7 +74,7 @@ def test_flashmla_adapter_graph_holds_the_op_kernels(batch, q_len, lens, kv_dtyp
     lse = torch.empty(batch, 16, q_len, device="cuda")  # FlashMLA's layout, through its view
     g_op, _, *op = capture(op_call(q, k_cache, kv_len, out, lse.transpose(1, 2), kv_scale, True, block_table=table))
 
-    for empty_lse, extra in ((-math.inf, 0), (math.inf, 1)):
+    for empty_lse, extra in ((-math.inf, 0), (math.inf, 0)):
         def call():
             return flashmla.flash_mla_with_kvcache(q, k_cache, table, kv_len, 512, meta, splits, causal=True,
                                                    kv_scale=kv_scale, empty_lse=empty_lse)
@@ -150,7 +150,7 @@ def test_flashinfer_adapter_graph_holds_the_op_kernels(batch, q_len, lens, kv_dt
     forms = [
         ("out only", dict(out=out), op_plain, 0),
         ("natural-log lse", dict(return_lse=True, return_lse_base_on_e=True), op_lse, 0),
-        ("base-2 lse", dict(out=out, lse=lse, return_lse=True), op_lse, 1),
+        ("base-2 lse", dict(out=out, lse=lse, return_lse=True), op_lse, 0),
     ]
     for name, kw, op, extra in forms:
         g, res, *ad = capture(lambda: w.run(*views, **kw, **scales))

@@ -149,18 +149,25 @@ TEST_CASE("emulated decode: page sizes 1, 16, 64, 256, block table and CSR", "[a
     }
 }
 
-TEST_CASE("emulated decode: split none, automatic and fixed; LSE on and off", "[amd-decode]") {
+TEST_CASE("emulated decode: split none, automatic and fixed; LSE on and off, its formats",
+          "[amd-decode]") {
   struct S {
     SplitMode mode;
     int splits;
+    LseFormat format;  // of the LSE-on run: rotated over the modes, so that the decode kernel
+                       // (split none, fixed 1) and the combine (fixed 3, 64) write two each
   };
-  for (S s : {S{SplitMode::none, 0}, S{SplitMode::automatic, 0}, S{SplitMode::fixed, 1},
-              S{SplitMode::fixed, 3}, S{SplitMode::fixed, 64}})
+  for (S s : {S{SplitMode::none, 0, LseFormat::natural},
+              S{SplitMode::automatic, 0, LseFormat::natural_empty_is_inf},
+              S{SplitMode::fixed, 1, LseFormat::base2},
+              S{SplitMode::fixed, 3, LseFormat::natural_empty_is_inf},
+              S{SplitMode::fixed, 64, LseFormat::base2}})
     for (bool lse : {true, false}) {
       Case c = seed_shape();
       c.split = s.mode;
       c.num_splits = s.splits;
       c.lse = lse;
+      c.lse_format = s.format;
       c.q_len = 2;
       c.kv_type = DType::bf16;
       c.page_size = 16;

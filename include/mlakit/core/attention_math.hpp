@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "config.hpp"
+#include "decode_args.hpp"
 
 namespace mlakit {
 
@@ -46,6 +47,15 @@ MLAKIT_HOST_DEVICE constexpr float exp_base(float m) { return m == neg_inf() ? 0
 MLAKIT_HOST_DEVICE inline float lse_from_state(float m, float l) {
   if (!(l > 0.0f)) return neg_inf();
   return (m + __builtin_log2f(l)) * kLn2;
+}
+
+// A row's natural-log LSE (-inf for a row without keys) as the caller asked for it. base2
+// multiplies by log2(e) (one rounding, -inf stays -inf); natural_empty_is_inf turns -inf into
+// +inf. Every kernel that writes the caller's `lse` goes through this function.
+MLAKIT_HOST_DEVICE inline float lse_in_format(float lse, LseFormat format) {
+  if (format == LseFormat::base2) return lse * kLog2e;
+  if (format == LseFormat::natural_empty_is_inf && lse == neg_inf()) return -neg_inf();
+  return lse;
 }
 
 // Merging partial results of one row computed over disjoint key ranges. Each part i has a

@@ -34,6 +34,15 @@ enum class SplitMode : std::uint8_t {
   fixed = 2,      // every request is cut into num_splits KV ranges
 };
 
+// How decode() writes the caller's LSE (`lse`): the log of a row's softmax denominator,
+// scores scaled by softmax_scale. The split partials inside the workspace are natural logs
+// whatever the format; only the value written to `lse` is converted.
+enum class LseFormat : std::uint8_t {
+  natural = 0,               // ln; -inf for a row that sees no key
+  natural_empty_is_inf = 1,  // ln; +inf for a row that sees no key (FlashMLA's convention)
+  base2 = 2,                 // log2; -inf for a row that sees no key (FlashInfer's default)
+};
+
 // How KV pages of each request are found.
 enum class PageIds : std::uint8_t {
   block_table = 0,  // block_table[b * block_table_stride + i] = page of tokens [i*P, (i+1)*P)
@@ -93,10 +102,11 @@ struct DecodeArgs {
   std::int64_t o_stride_batch = 0;
   std::int64_t o_stride_token = 0;
   std::int64_t o_stride_head = 0;
-  float* lse = nullptr;  // optional [batch, q_len, num_heads], natural log, -inf if no key
+  float* lse = nullptr;  // optional [batch, q_len, num_heads], in lse_format
   std::int64_t lse_stride_batch = 0;
   std::int64_t lse_stride_token = 0;
   std::int64_t lse_stride_head = 0;
+  LseFormat lse_format = LseFormat::natural;
 
   // --- math and scheduling -----------------------------------------------------------------
   float softmax_scale = 0.0f;  // multiplies Q.K (model specific: never assumed)

@@ -244,6 +244,10 @@ inline Status validate(const DecodeArgs& a) {
   if (!(s = check_scale("kv_scale", a.kv_scale))) return s;
   if (a.page_ids != PageIds::block_table && a.page_ids != PageIds::csr)
     return bad_arg("page_ids", std::to_string(int(a.page_ids)), "block_table or csr");
+  if (a.lse_format != LseFormat::natural && a.lse_format != LseFormat::natural_empty_is_inf &&
+      a.lse_format != LseFormat::base2)
+    return bad_arg("lse_format", std::to_string(int(a.lse_format)),
+                   "natural, natural_empty_is_inf or base2");
   if (!(s = validate_pointers(a)) || !(s = validate_strides(a)) || !(s = validate_page_ids(a)))
     return s;
   return Status::ok();

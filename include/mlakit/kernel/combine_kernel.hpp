@@ -182,7 +182,8 @@ __global__ void __launch_bounds__(kCombineThreads)
     }
   }
   if (a.lse != nullptr && tid_row == 0 && blockIdx.z == 0)
-    a.lse[b * a.lse_stride_batch + t * a.lse_stride_token + h * a.lse_stride_head] = merged.lse();
+    a.lse[b * a.lse_stride_batch + t * a.lse_stride_token + h * a.lse_stride_head] =
+        lse_in_format(merged.lse(), a.lse_format);
 }
 
 // The launch decode() makes: grid (batch, row groups, column slices), W warps per row.

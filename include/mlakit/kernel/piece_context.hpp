@@ -74,7 +74,8 @@ struct PieceContext {
       p.ws.partial_lse[std::int64_t(pc.partial_slot) * p.ws.rows_padded + row] = lse;
     } else if (a.lse != nullptr) {
       const int t = row / heads, h = row - t * heads;
-      a.lse[b * a.lse_stride_batch + t * a.lse_stride_token + h * a.lse_stride_head] = lse;
+      a.lse[b * a.lse_stride_batch + t * a.lse_stride_token + h * a.lse_stride_head] =
+          lse_in_format(lse, a.lse_format);
     }
   }
 
