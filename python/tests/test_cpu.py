@@ -451,7 +451,7 @@ def test_binding_reports_cpu_tensors_as_a_status():
     q = case["q"]
     out = torch.empty(q.shape[:3] + (512,), dtype=q.dtype)
     code, name, message = mlakit._ext._C.decode(q, case["kv_cache"], case["block_table"], None, None,
-                                                case["kv_len"], out, None, None, SCALE, 1.0, True, 0, 0)
+                                                case["kv_len"], out, None, None, SCALE, 1.0, True, 0, 0, 0)
     assert (code, name, message) == (1, "invalid_argument", "q: must be a CUDA tensor")
 
 

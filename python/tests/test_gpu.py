@@ -213,7 +213,7 @@ def direct(case, **kw):
     ws = mlakit.workspace(1, 16, 1)
     return mlakit._ext._C.decode(q, kw.get("kv_cache", case["kv_cache"]), case["block_table"], None, None,
                                  case["kv_len"], out, None, ws, SCALE, 1.0, True,
-                                 kw.get("split", 0), kw.get("num_splits", 0))
+                                 kw.get("split", 0), kw.get("num_splits", 0), kw.get("lse_format", 0))
 
 
 def python_message(case, **kw):
