@@ -136,6 +136,16 @@ struct AmdFp8Instr {
 
 #if !defined(MLAKIT_PLATFORM_NONE)
 
+#if defined(MLAKIT_PLATFORM_HIP)
+// encode_bf16 without branches: round to nearest even, a NaN keeps its upper bits with the
+// quiet bit set.
+__device__ __forceinline__ std::uint32_t bf16_rne_bits(float f) {
+  const std::uint32_t u = float_to_bits(f);
+  const std::uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return (u & 0x7FFFFFFFu) > 0x7F800000u ? (u >> 16) | 0x40u : rounded;
+}
+#endif
+
 // Packs two floats into the compute type's b32 pair (low half = first value). Exact when the
 // floats are representable (all fp8 values are), round-to-nearest-even otherwise.
 template <class T>
@@ -152,7 +162,16 @@ __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
   }
   return r;
 #else
-  return std::uint32_t(from_float<T>(lo).bits) | (std::uint32_t(from_float<T>(hi).bits) << 16);
+  // AMD: the rounding of from_float<T> without control flow (its branches become exec-mask
+  // code inside the CDNA tile loop). bf16: encode_bf16 as selects; fp16: V_CVT_F16_F32 (IEEE
+  // round to nearest even, what encode_fp16 computes, for every finite value and infinity; a
+  // NaN stays NaN).
+  if constexpr (DTypeOf<T>::value == DType::bf16) {
+    return bf16_rne_bits(lo) | (bf16_rne_bits(hi) << 16);
+  } else {
+    return std::uint32_t(__builtin_bit_cast(std::uint16_t, static_cast<_Float16>(lo))) |
+           (std::uint32_t(__builtin_bit_cast(std::uint16_t, static_cast<_Float16>(hi))) << 16);
+  }
 #endif
 }
 
@@ -240,8 +259,17 @@ __device__ __forceinline__ uint4 convert_16x8(DType kv, const uint4& in) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const std::uint16_t a = std::uint16_t(w[i] & 0xFFFF), b = std::uint16_t(w[i] >> 16);
+#if defined(MLAKIT_PLATFORM_HIP)
+    // AMD: fp16 -> f32 is V_CVT_F32_F16 (exact, as decode_fp16; a NaN stays NaN), not
+    // decode_fp16's branches.
+    const float fa = kv == DType::bf16 ? decode_bf16(a)
+                                       : float(__builtin_bit_cast(_Float16, a));
+    const float fb = kv == DType::bf16 ? decode_bf16(b)
+                                       : float(__builtin_bit_cast(_Float16, b));
+#else
     const float fa = kv == DType::bf16 ? decode_bf16(a) : decode_fp16(a);
     const float fb = kv == DType::bf16 ? decode_bf16(b) : decode_fp16(b);
+#endif
     o[i] = pack2<T>(fa, fb);
   }
   return uint4{o[0], o[1], o[2], o[3]};

@@ -105,9 +105,8 @@ struct CdnaMainloop {
 
   const KernelArgs& p;
   std::uint32_t* kv_tile;  // Layout::kWords words, then the waves' Q^T k-steps [wave][s][lane]
-  int b = 0, heads, q_len, rows, row0, kv_bytes;
+  int b = 0, heads, q_len, rows, row0;
   bool causal;
-  DType kv;
 
   __device__ CdnaMainloop(const KernelArgs& args, unsigned char* smem, int row_tile)
       : p(args),
@@ -116,11 +115,8 @@ struct CdnaMainloop {
         q_len(Tr::q_len(args.a)),
         rows(0),
         row0(row_tile * kRows),
-        kv_bytes(0),
-        causal(Tr::causal(args.a)),
-        kv(Tr::kv_dtype(args.a)) {
+        causal(Tr::causal(args.a)) {
     rows = heads * q_len;
-    kv_bytes = static_cast<int>(dtype_bytes(kv));
   }
 
   // ---- addressing of request b ---------------------------------------------------------------
@@ -151,7 +147,8 @@ struct CdnaMainloop {
       p.ws.partial_lse[std::int64_t(pc.partial_slot) * p.ws.rows_padded + row] = lse;
     } else if (a.lse != nullptr) {
       const int t = row / heads, h = row - t * heads;
-      a.lse[b * a.lse_stride_batch + t * a.lse_stride_token + h * a.lse_stride_head] = lse;
+      a.lse[b * a.lse_stride_batch + t * a.lse_stride_token + h * a.lse_stride_head] =
+          lse_in_format(lse, a.lse_format);
     }
   }
 
@@ -161,19 +158,19 @@ struct CdnaMainloop {
   // chunks' lanes read by a shuffle: one page-table read per token, not per chunk.
   static constexpr int kTokensPerWave = kTokens / kWaves;
   static_assert(kTokensPerWave >= 1 && kTokensPerWave * kWaves == kTokens, "tokens per wave");
-  // KV bytes per value at most (1 when the instantiation's KV type is a fixed fp8 type).
-  static constexpr int kMaxKvBytes =
-      Tr::Problem::kv_is_fixed && is_fp8(KvDTypeOf<typename Tr::Problem::kv_type>::value) ? 1 : 2;
-  // fp8 KV reaches this instantiation: its fixed KV type is fp8, or it is a kv_any_t problem
-  // on a target where those keep fp8 (arch::kAnyKvForwardsFp8 false).
-  static constexpr bool kFp8Possible = Tr::Problem::kv_is_fixed
-                                           ? is_fp8(KvDTypeOf<typename Tr::Problem::kv_type>::value)
-                                           : !arch::kAnyKvForwardsFp8;
-  // A kv_any_t problem whose fp8 KV is forwarded gets only the other 16-bit type (Decode::check
-  // rejects KV of the Q type for kv_any_t, and the table sends it elsewhere).
-  static constexpr bool kAnyIsOther16 = !Tr::Problem::kv_is_fixed && arch::kAnyKvForwardsFp8;
+  // The KV type this instantiation converts, a compile-time constant: its fixed KV type, or
+  // for a kv_any_t problem the other 16-bit type, the only one that reaches it (fp8 KV is
+  // handed to the fixed fp8 kernels, arch::kAnyKvForwardsFp8; KV of the Q type to the table's
+  // entry of that type, Decode::check). So the byte size, a token's chunks and the conversion
+  // are constants, and the paths of the types that never arrive are not compiled.
+  static_assert(Tr::Problem::kv_is_fixed || arch::kAnyKvForwardsFp8,
+                "kv_any_t kernels of the CDNA mainloop convert one 16-bit type");
   static constexpr DType kOther16 = DTypeOf<T>::value == DType::bf16 ? DType::fp16 : DType::bf16;
-  static constexpr int kMaxChunks = (kTokensPerWave * kHeadDimQK * kMaxKvBytes / 16 + 63) / 64;
+  static constexpr DType kKv =
+      Tr::Problem::kv_is_fixed ? KvDTypeOf<typename Tr::Problem::kv_type>::value : kOther16;
+  static constexpr int kKvBytes = static_cast<int>(dtype_bytes(kKv));
+  static constexpr int kRowChunks = kHeadDimQK * kKvBytes / 16;  // 16-byte chunks per token
+  static constexpr int kMaxChunks = (kTokensPerWave * kRowChunks + 63) / 64;
 
   // Raw 16-byte chunks of tile [kt, kt + 16) that this lane copies (tokens >= kv_end: zero).
   __device__ __forceinline__ void load_raw(uint4 (&raw)[kMaxChunks], const std::int32_t* table,
@@ -182,14 +179,13 @@ struct CdnaMainloop {
     // Opaque per tile: the chunks' offsets are recomputed here instead of held in registers
     // across the tile loop.
     const int lane = opaque(lane_id()), tok0 = warp_id() * kTokensPerWave;
-    const int row_chunks = kHeadDimQK * kv_bytes / 16;
     int page = 0;
     if (lane < kTokensPerWave && kt + tok0 + lane < kv_end)
       page = table[(kt + tok0 + lane) / a.page_size];
 #pragma unroll
     for (int i = 0; i < kMaxChunks; ++i) {
       const int c = lane + 64 * i;
-      const int t = c / row_chunks, ch = c - t * row_chunks;
+      const int t = c / kRowChunks, ch = c - t * kRowChunks;
       const int j = kt + tok0 + t;  // the chunk's token
       const int page_t = shfl(page, t < kTokensPerWave ? t : 0);
       raw[i] = uint4{0, 0, 0, 0};
@@ -197,7 +193,7 @@ struct CdnaMainloop {
         const unsigned char* src = static_cast<const unsigned char*>(a.kv) +
                                    (std::int64_t(page_t) * a.kv_stride_page +
                                     std::int64_t(j % a.page_size) * a.kv_stride_token) *
-                                       kv_bytes;
+                                       kKvBytes;
         raw[i] = *reinterpret_cast<const uint4*>(src + ch * 16);
       }
     }
@@ -212,23 +208,21 @@ struct CdnaMainloop {
   }
   __device__ __forceinline__ void store_tile(const uint4 (&raw)[kMaxChunks]) const {
     const int lane = opaque(lane_id()), tok0 = warp_id() * kTokensPerWave;  // as in load_raw
-    const int row_chunks = kHeadDimQK * kv_bytes / 16;
 #pragma unroll
     for (int i = 0; i < kMaxChunks; ++i) {
       const int c = lane + 64 * i;
-      const int t = c / row_chunks, ch = c - t * row_chunks;
+      const int t = c / kRowChunks, ch = c - t * kRowChunks;
       if (t >= kTokensPerWave) continue;
       const int tok = tok0 + t;
-      const DType kvt = kAnyIsOther16 ? kOther16 : kv;
-      if (kFp8Possible && is_fp8(kvt)) {
+      if constexpr (is_fp8(kKv)) {
         uint4 lo, hi;
-        arch::convert_fp8x16<T>(kvt, raw[i], lo, hi);
+        arch::convert_fp8x16<T>(kKv, raw[i], lo, hi);
         store8(lo, tok, 16 * ch);
         store8(hi, tok, 16 * ch + 8);
-      } else if (kvt == DTypeOf<T>::value) {
+      } else if constexpr (kKv == DTypeOf<T>::value) {
         store8(raw[i], tok, 8 * ch);
       } else {
-        store8(arch::convert_16x8<T>(kvt, raw[i]), tok, 8 * ch);
+        store8(arch::convert_16x8<T>(kKv, raw[i]), tok, 8 * ch);
       }
     }
   }
@@ -380,6 +374,10 @@ struct CdnaMainloop {
 
   __device__ __forceinline__ void epilogue(const Piece& pc, int row, float m_run, float l_lane,
                                            const typename Atom::Acc* o, int cs, int g) const {
+    // Opaque per piece: the row's output and LSE addresses are computed here, after the tiles,
+    // instead of hoisted out of the loop over requests and held (at 128 rows: spilled) across
+    // every tile loop.
+    row = opaque(row);
     float l = l_lane + shfl_xor(l_lane, 16);
     l += shfl_xor(l, 32);
     if (row >= rows) return;
