@@ -197,6 +197,48 @@ TEST_CASE("split modes, LSE on and off, every LSE format", "[gpu]") {
     }
 }
 
+// kv_rope: the latent and rotary values in two caches with strides of their own (NaN past
+// each row's values), for each kernel family and copy form: the 64-row kernels (bf16 and
+// fp16 KV, e4m3fn read raw, the other formats converted by the producer), the 16- and
+// 32-row ones, 128 heads, every page size class, split plans, both page-id formats.
+TEST_CASE("a separate rotary cache (kv_rope) in every kernel family", "[gpu]") {
+  MLAKIT_REQUIRE_GPU();
+  struct K {
+    DType q, kv;
+    int heads, q_len, page;
+    SplitMode split;
+  };
+  const K ks[] = {{DType::bf16, DType::fp8_e4m3fn, 16, 8, 1, SplitMode::automatic},
+                  {DType::bf16, DType::fp8_e4m3fn, 16, 8, 64, SplitMode::fixed},
+                  {DType::bf16, DType::bf16, 16, 8, 64, SplitMode::automatic},
+                  {DType::fp16, DType::fp16, 16, 4, 16, SplitMode::none},
+                  {DType::bf16, DType::fp16, 16, 8, 64, SplitMode::automatic},
+                  {DType::fp16, DType::fp8_e4m3fnuz, 16, 8, 64, SplitMode::automatic},
+                  {DType::bf16, DType::fp8_e4m3fn, 16, 1, 3, SplitMode::automatic},
+                  {DType::fp16, DType::fp8_e4m3fn, 12, 1, 64, SplitMode::fixed},
+                  {DType::bf16, DType::bf16, 16, 1, 1, SplitMode::automatic},
+                  {DType::bf16, DType::fp8_e4m3fn, 16, 2, 64, SplitMode::automatic},
+                  {DType::bf16, DType::fp8_e4m3fn, 128, 1, 64, SplitMode::automatic},
+                  {DType::fp16, DType::bf16, 128, 2, 256, SplitMode::none},
+                  {DType::bf16, DType::fp8_e4m3fnuz, 7, 5, 16, SplitMode::automatic},
+                  {DType::fp16, DType::fp8_e4m3fn, 32, 32, 64, SplitMode::automatic}};
+  int i = 0;
+  for (const K& k : ks) {
+    Case c = crash_shape();
+    c.q_type = k.q;
+    c.kv_type = k.kv;
+    c.heads = k.heads;
+    c.q_len = k.q_len;
+    c.page_size = k.page;
+    c.split = k.split;
+    c.num_splits = 3;
+    c.ids = i % 2 ? PageIds::block_table : PageIds::csr;
+    c.split_cache = true;
+    c.seed = 2500 + i++;
+    check_case(c);
+  }
+}
+
 TEST_CASE("self-planned calls leave the planner's plan in the workspace", "[gpu]") {
   // Automatic mode with few requests: the decode kernel plans for itself. 16 rows (16 heads x
   // q_len 1): with an e4m3fn cache the keys-as-M kernel on sm_90a, the mma.sync kernel

@@ -157,6 +157,10 @@ struct Case {
   // Measure the LSE error relative to max(1, |lse|) (rows whose scores reach 2^40 carry the
   // f32 rounding of a dot product of that size; an absolute bound would test f32 itself).
   bool lse_relative = false;
+  // The rotary values in a cache of their own (DecodeArgs::kv_rope): kv rows of 528 values
+  // (the 512 latent ones, then NaN) and rope rows of 80 (the 64 rotary ones, then NaN), each
+  // page one row longer than page_size, so no stride equals the joined cache's.
+  bool split_cache = false;
 
   std::string name() const {
     std::string s = std::string(dtype_name(q_type)) + "/" + dtype_name(kv_type) + " h" +
@@ -164,7 +168,8 @@ struct Case {
                     (causal ? " causal" : " full") + " ps" + std::to_string(page_size) +
                     (ids == PageIds::csr ? " csr" : " bt") + " split" + std::to_string(int(split)) +
                     "/" + std::to_string(num_splits) +
-                    (lse ? " lse" + std::to_string(int(lse_format)) : "") + " lens";
+                    (lse ? " lse" + std::to_string(int(lse_format)) : "") +
+                    (split_cache ? " kv_rope" : "") + " lens";
     for (std::size_t i = 0; i < kv_lens.size() && i < 6; ++i) s += " " + std::to_string(kv_lens[i]);
     if (kv_lens.size() > 6) s += " ...(" + std::to_string(kv_lens.size()) + ")";
     return s;
@@ -199,9 +204,10 @@ struct TestProblem {
   DecodeArgs host;  // pointers to the host vectors below
   DecodeArgs dev;   // same strides, device pointers
   std::vector<std::uint16_t> q;
-  std::vector<std::uint8_t> kv;  // raw cache bytes
+  std::vector<std::uint8_t> kv;       // raw cache bytes (the latent part with split_cache)
+  std::vector<std::uint8_t> kv_rope;  // split_cache: the rotary part
   std::vector<std::int32_t> block_table, indptr, indices, kv_len;
-  DeviceBuffer d_q, d_kv, d_bt, d_indptr, d_indices, d_kv_len, d_out, d_lse;
+  DeviceBuffer d_q, d_kv, d_kv_rope, d_bt, d_indptr, d_indices, d_kv_len, d_out, d_lse;
   std::size_t out_elems = 0, lse_elems = 0;
   bool ok = false;
 };
@@ -300,6 +306,33 @@ inline void build(TestProblem& P, const Case& c) {
     }
   }
   if (P.indices.empty()) P.indices.push_back(0);
+  if (c.split_cache) {  // the joined rows' values into two caches with NaN padding
+    constexpr int kLatentRow = 528, kRopeRow = 80;
+    const std::size_t rows_per_page = std::size_t(c.page_size) + 1;
+    const std::size_t rows = std::size_t(num_pages) * rows_per_page;
+    std::vector<std::uint8_t> latent(rows * kLatentRow * eb), rope(rows * kRopeRow * eb);
+    const std::uint16_t nan16 = nan_bits16(c.kv_type);
+    for (std::vector<std::uint8_t>* part : {&latent, &rope})
+      for (std::size_t i = 0; i < part->size(); i += eb) {
+        if (eb == 2)
+          std::memcpy(part->data() + i, &nan16, 2);
+        else
+          (*part)[i] = nan_bits8(c.kv_type);
+      }
+    for (int page = 0; page < num_pages; ++page)
+      for (int r = 0; r < c.page_size; ++r) {
+        const std::uint8_t* src = P.kv.data() + (std::size_t(page) * c.page_size + r) * row_bytes;
+        const std::size_t row = std::size_t(page) * rows_per_page + r;
+        std::memcpy(&latent[row * kLatentRow * eb], src, kHeadDimV * eb);
+        std::memcpy(&rope[row * kRopeRow * eb], src + kHeadDimV * eb, (kHeadDimQK - kHeadDimV) * eb);
+      }
+    P.kv = std::move(latent);
+    P.kv_rope = std::move(rope);
+    a.kv_stride_token = kLatentRow;
+    a.kv_stride_page = std::int64_t(rows_per_page) * kLatentRow;
+    a.kv_rope_stride_token = kRopeRow;
+    a.kv_rope_stride_page = std::int64_t(rows_per_page) * kRopeRow;
+  }
 
   P.out_elems = std::size_t(a.batch) * a.q_len * a.num_heads * kHeadDimV;
   P.lse_elems = std::size_t(a.batch) * a.q_len * a.num_heads;
@@ -307,6 +340,7 @@ inline void build(TestProblem& P, const Case& c) {
   P.host = a;
   P.host.q = P.q.data();
   P.host.kv = P.kv.data();
+  if (c.split_cache) P.host.kv_rope = P.kv_rope.data();
   P.host.block_table = P.block_table.data();
   P.host.kv_indptr = P.indptr.data();
   P.host.kv_indices = P.indices.data();
@@ -314,6 +348,7 @@ inline void build(TestProblem& P, const Case& c) {
 
   P.d_q.reset(P.q.size() * 2);
   P.d_kv.reset(P.kv.size());
+  if (c.split_cache) P.d_kv_rope.reset(P.kv_rope.size());
   P.d_bt.reset(P.block_table.size() * 4);
   P.d_indptr.reset(P.indptr.size() * 4);
   P.d_indices.reset(P.indices.size() * 4);
@@ -324,6 +359,8 @@ inline void build(TestProblem& P, const Case& c) {
          P.d_kv_len.ptr && P.d_out.ptr && P.d_lse.ptr &&
          gpu_h2d(P.d_q.ptr, P.q.data(), P.q.size() * 2) &&
          gpu_h2d(P.d_kv.ptr, P.kv.data(), P.kv.size()) &&
+         (!c.split_cache || (P.d_kv_rope.ptr &&
+                             gpu_h2d(P.d_kv_rope.ptr, P.kv_rope.data(), P.kv_rope.size()))) &&
          gpu_h2d(P.d_bt.ptr, P.block_table.data(), P.block_table.size() * 4) &&
          gpu_h2d(P.d_indptr.ptr, P.indptr.data(), P.indptr.size() * 4) &&
          gpu_h2d(P.d_indices.ptr, P.indices.data(), P.indices.size() * 4) &&
@@ -331,6 +368,7 @@ inline void build(TestProblem& P, const Case& c) {
   P.dev = a;
   P.dev.q = P.d_q.ptr;
   P.dev.kv = P.d_kv.ptr;
+  if (c.split_cache) P.dev.kv_rope = P.d_kv_rope.ptr;
   P.dev.block_table = P.d_bt.as<std::int32_t>();
   P.dev.kv_indptr = P.d_indptr.as<std::int32_t>();
   P.dev.kv_indices = P.d_indices.as<std::int32_t>();

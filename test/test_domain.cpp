@@ -35,7 +35,7 @@ constexpr std::int64_t kI64Min = std::numeric_limits<std::int64_t>::min();
 constexpr int kIntMax = std::numeric_limits<int>::max();
 constexpr int kIntMin = std::numeric_limits<int>::min();
 
-alignas(64) unsigned char g_mem[4096];
+alignas(64) unsigned char g_mem[8192];
 
 const DeviceInfo kH100{0, 132, 232448, 90};
 
@@ -84,6 +84,15 @@ std::vector<Call> base_calls() {
       for (const Shape& s : shapes)
         for (DType kv : {DType::bf16, DType::fp8_e4m3fn})
           v.push_back(valid_call(ids, lse, s.batch, s.heads, s.q_len, s.page, kv));
+  // A separate rotary cache: kv rows of 512 values, kv_rope rows of 64, both packed.
+  for (const Shape& s : shapes)
+    for (DType kv : {DType::bf16, DType::fp8_e4m3fn}) {
+      Call c = valid_call(PageIds::block_table, true, s.batch, s.heads, s.q_len, s.page, kv);
+      c.a.kv_rope = g_mem + 4096;
+      c.a.kv_stride_token = kHeadDimV;
+      c.a.kv_stride_page = std::int64_t(s.page) * kHeadDimV;
+      v.push_back(c);
+    }
   return v;
 }
 
@@ -128,6 +137,10 @@ std::vector<Field> fields() {
       {"q_stride_batch", Kind::i64, [](C c, V v) { c.a.q_stride_batch = v; }, {}, {}, 8},
       {"kv_stride_token", Kind::i64, [](C c, V v) { c.a.kv_stride_token = v; }, {}, {}, 0},
       {"kv_stride_page", Kind::i64, [](C c, V v) { c.a.kv_stride_page = v; }, {}, {}, 0},
+      {"kv_rope_stride_token", Kind::i64, [](C c, V v) { c.a.kv_rope_stride_token = v; }, {}, {},
+       0},
+      {"kv_rope_stride_page", Kind::i64, [](C c, V v) { c.a.kv_rope_stride_page = v; }, {}, {},
+       0},
       {"o_stride_head", Kind::i64, [](C c, V v) { c.a.o_stride_head = v; }, {}, {}, 8},
       {"o_stride_token", Kind::i64, [](C c, V v) { c.a.o_stride_token = v; }, {}, {}, 8},
       {"o_stride_batch", Kind::i64, [](C c, V v) { c.a.o_stride_batch = v; }, {}, {}, 8},
@@ -144,6 +157,7 @@ std::vector<Field> fields() {
   };
   ptr("q", [](C c, const void* p) { c.a.q = p; });
   ptr("kv", [](C c, const void* p) { c.a.kv = p; });
+  ptr("kv_rope", [](C c, const void* p) { c.a.kv_rope = p; });
   ptr("out", [](C c, const void* p) { c.a.out = const_cast<void*>(p); });
   ptr("lse", [](C c, const void* p) { c.a.lse = static_cast<float*>(const_cast<void*>(p)); });
   ptr("kv_len", [](C c, const void* p) { c.a.kv_len = static_cast<const std::int32_t*>(p); });
@@ -199,6 +213,8 @@ std::vector<std::int64_t> int_values(const Call& c, const Field& f) {
                                : n == "q_stride_batch"   ? a.q_stride_batch
                                : n == "kv_stride_token"  ? a.kv_stride_token
                                : n == "kv_stride_page"   ? a.kv_stride_page
+                               : n == "kv_rope_stride_token" ? a.kv_rope_stride_token
+                               : n == "kv_rope_stride_page"  ? a.kv_rope_stride_page
                                : n == "o_stride_head"    ? a.o_stride_head
                                : n == "o_stride_token"   ? a.o_stride_token
                                : n == "o_stride_batch"   ? a.o_stride_batch
@@ -585,6 +601,9 @@ TEST_CASE("README: the Supported domain table states every rule validate() enfor
                            "`q_stride_batch`",
                            "`kv_stride_token`",
                            "`kv_stride_page`",
+                           "`kv_rope`",
+                           "`kv_rope_stride_token`",
+                           "`kv_rope_stride_page`",
                            "`o_stride_head`",
                            "`o_stride_token`",
                            "`o_stride_batch`",

@@ -152,6 +152,34 @@ std::vector<BadCase> bad_cases() {
       {"kv_stride_token 100", [](A a) { a.kv_stride_token = 100; }, "kv_stride_token", "100"},
       {"kv_stride_token 580", [](A a) { a.kv_stride_token = 580; }, "kv_stride_token", "580"},
       {"kv_stride_page 0", [](A a) { a.kv_stride_page = 0; }, "kv_stride_page", "0"},
+      {"kv rows of 512 without kv_rope", [](A a) { a.kv_stride_token = 512; }, "kv_stride_token",
+       "512", "at least 576"},
+      {"kv_rope 8-byte aligned", [](A a) { a.kv_rope = at(904); }, "kv_rope", "0x",
+       "16-byte aligned address"},
+      {"kv rows of 504 with kv_rope",
+       [](A a) {
+         a.kv_rope = at(896);
+         a.kv_stride_token = 504;
+       },
+       "kv_stride_token", "504", "at least 512"},
+      {"kv_rope_stride_token 32",
+       [](A a) {
+         a.kv_rope = at(896);
+         a.kv_rope_stride_token = 32;
+       },
+       "kv_rope_stride_token", "32", "at least 64"},
+      {"kv_rope_stride_token 68",
+       [](A a) {
+         a.kv_rope = at(896);
+         a.kv_rope_stride_token = 68;
+       },
+       "kv_rope_stride_token", "68", "multiple of 8"},
+      {"kv_rope_stride_page overflows",
+       [](A a) {
+         a.kv_rope = at(896);
+         a.kv_rope_stride_page = std::int64_t(1) << 40;
+       },
+       "kv_rope_stride_page", "1099511627776", "at most"},
       {"o_stride_head 256", [](A a) { a.o_stride_head = 256; }, "o_stride_head", "256",
        "at least 512"},
       {"o_stride_head 516", [](A a) { a.o_stride_head = 516; }, "o_stride_head", "516"},
@@ -210,6 +238,36 @@ TEST_CASE("validate: the base requests are valid", "[validate]") {
     CHECK(s.is_ok());
     CHECK(s.message().empty());
   }
+}
+
+TEST_CASE("validate: a separate rotary cache (kv_rope) with 512-value kv rows", "[validate]") {
+  for (DType kv : {DType::bf16, DType::fp8_e4m3fn}) {
+    DecodeArgs a = valid_args();
+    a.kv_type = kv;
+    a.kv_rope = at(896);
+    a.kv_stride_token = kHeadDimV;
+    a.kv_stride_page = std::int64_t(a.page_size) * kHeadDimV;
+    a.kv_rope_stride_token = 64;
+    a.kv_rope_stride_page = std::int64_t(a.page_size) * 64;
+    const Status s = validate(a);
+    INFO(s.message());
+    CHECK(s.is_ok());
+    a.kv_rope = nullptr;  // the same kv rows without it hold no rotary values
+    CHECK(validate(a).message().rfind("kv_stride_token = 512:", 0) == 0);
+  }
+  // resolve_rope_part(): a joined cache reads its rotary values 512 elements into kv's rows.
+  DecodeArgs j = valid_args();
+  j.kv_type = DType::fp8_e4m3fn;
+  resolve_rope_part(j);
+  CHECK(j.kv_rope == static_cast<const unsigned char*>(j.kv) + 512);
+  CHECK(j.kv_rope_stride_token == j.kv_stride_token);
+  CHECK(j.kv_rope_stride_page == j.kv_stride_page);
+  DecodeArgs given = valid_args();
+  given.kv_rope = at(896);
+  given.kv_rope_stride_token = 80;
+  resolve_rope_part(given);
+  CHECK(given.kv_rope == at(896));
+  CHECK(given.kv_rope_stride_token == 80);
 }
 
 TEST_CASE("validate: every rejection names the argument and its value", "[validate]") {

@@ -89,7 +89,8 @@ Status fill_args(mlakit::DecodeArgs& a, const at::Tensor& q, const at::Tensor& k
                  const std::optional<at::Tensor>& block_table,
                  const std::optional<at::Tensor>& kv_indptr,
                  const std::optional<at::Tensor>& kv_indices, const at::Tensor& kv_len,
-                 const at::Tensor& out, const std::optional<at::Tensor>& lse) {
+                 const at::Tensor& out, const std::optional<at::Tensor>& lse,
+                 const std::optional<at::Tensor>& kv_rope) {
   if (!q.defined() || !q.is_cuda()) return bad("q: must be a CUDA tensor");
   const at::Device dev = q.device();
   Status s = check_tensor("q", q, dev, 4);
@@ -118,9 +119,28 @@ Status fill_args(mlakit::DecodeArgs& a, const at::Tensor& q, const at::Tensor& k
     return bad("q has shape " + shape_of(q) + ": dimensions beyond the int range");
   if (q.size(3) != mlakit::kHeadDimQK || q.stride(3) != 1)
     return bad("q has shape " + shape_of(q) + ": the last dimension must be 576 and contiguous");
-  if (kv.size(kv.dim() - 1) != mlakit::kHeadDimQK || kv.stride(kv.dim() - 1) != 1)
-    return bad("kv_cache has shape " + shape_of(kv) +
-               ": the last dimension must be 576 and contiguous");
+  // A joined cache: 576 values per row. With kv_rope: 512 latent values per kv_cache row and
+  // 64 rotary values per kv_rope row, the same pages and page size.
+  const bool split_cache = kv_rope.has_value() && kv_rope->defined();
+  const int64_t kv_width = split_cache ? mlakit::kHeadDimV : mlakit::kHeadDimQK;
+  if (kv.size(kv.dim() - 1) != kv_width || kv.stride(kv.dim() - 1) != 1)
+    return bad("kv_cache has shape " + shape_of(kv) + ": the last dimension must be " +
+               std::to_string(kv_width) + " and contiguous" +
+               (split_cache ? " (the latent values, with kv_rope given)" : ""));
+  if (split_cache) {
+    const at::Tensor& r = *kv_rope;
+    if (!(s = check_tensor("kv_rope", r, dev, r.dim()))) return s;
+    bool same = r.dim() == kv.dim() && r.scalar_type() == kv.scalar_type();
+    for (int64_t d = 0; same && d + 1 < kv.dim(); ++d) same = r.size(d) == kv.size(d);
+    if (!same || r.size(r.dim() - 1) != mlakit::kHeadDimQK - mlakit::kHeadDimV ||
+        r.stride(r.dim() - 1) != 1)
+      return bad("kv_rope has shape " + shape_of(r) +
+                 ": expected kv_cache's pages and page size with 64 contiguous values per row, "
+                 "in kv_cache's dtype");
+    a.kv_rope = r.data_ptr();
+    a.kv_rope_stride_page = r.stride(0);
+    a.kv_rope_stride_token = r.stride(1);
+  }
   if (out.size(0) != q.size(0) || out.size(1) != q.size(1) || out.size(2) != q.size(2) ||
       out.size(3) != mlakit::kHeadDimV || out.stride(3) != 1)
     return bad("out has shape " + shape_of(out) + ": expected [" + std::to_string(a.batch) +
@@ -189,9 +209,11 @@ Result decode(const at::Tensor& q, const at::Tensor& kv_cache,
               const std::optional<at::Tensor>& kv_indices, const at::Tensor& kv_len,
               const at::Tensor& out, const std::optional<at::Tensor>& lse,
               const std::optional<at::Tensor>& workspace, double softmax_scale, double kv_scale,
-              bool causal, int64_t split_mode, int64_t num_splits, int64_t lse_format) {
+              bool causal, int64_t split_mode, int64_t num_splits, int64_t lse_format,
+              const std::optional<at::Tensor>& kv_rope) {
   mlakit::DecodeArgs a;
-  Status s = fill_args(a, q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse);
+  Status s =
+      fill_args(a, q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse, kv_rope);
   if (!s) return to_result(s);
   a.softmax_scale = static_cast<float>(softmax_scale);
   a.kv_scale = static_cast<float>(kv_scale);
@@ -360,7 +382,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q"), py::arg("kv_cache"), py::arg("block_table"), py::arg("kv_indptr"),
         py::arg("kv_indices"), py::arg("kv_len"), py::arg("out"), py::arg("lse"),
         py::arg("workspace"), py::arg("softmax_scale"), py::arg("kv_scale"), py::arg("causal"),
-        py::arg("split_mode"), py::arg("num_splits"), py::arg("lse_format"));
+        py::arg("split_mode"), py::arg("num_splits"), py::arg("lse_format"),
+        py::arg("kv_rope") = py::none());
   m.def("merge_states", &merge_states,
         "mlakit::merge_states() on the current CUDA stream; returns (code, name, message)",
         py::arg("part_o"), py::arg("part_lse"), py::arg("out"), py::arg("out_lse"));

@@ -38,12 +38,16 @@ def has_cuda_extension():
 
 def decode(q, kv_cache, kv_len, *, block_table=None, kv_indptr=None, kv_indices=None,
            softmax_scale, kv_scale=1.0, causal=True, split="auto", num_splits=0,
-           return_lse=False, out=None, lse=None, workspace=None, lse_format="natural"):
+           return_lse=False, out=None, lse=None, workspace=None, lse_format="natural",
+           kv_rope=None):
     """MLA decode attention; returns out, or (out, lse) when return_lse or lse is given.
 
     q          [batch, q_len, heads, 576], bf16 or fp16; q_len 1..32, heads 1..128
     kv_cache   [pages, page_size, 576] or [pages, page_size, 1, 576]: bf16, fp16,
                float8_e4m3fn or float8_e4m3fnuz; page_size 1..256
+    kv_rope    optional [pages, page_size, 64] (or [..., 1, 64]): the rotary values in a cache
+               of their own, kv_cache then holding the 512 latent values of each row (FlashInfer's
+               ckv / kpe caches); both read in place
     kv_len     [batch] int32 on the device: cached tokens per request, the q_len new ones
                included (clamped on the device to the request's page capacity and 2^30)
     block_table [batch, max_pages] int32, or kv_indptr [batch + 1] with kv_indices (CSR)
@@ -65,7 +69,7 @@ def decode(q, kv_cache, kv_len, *, block_table=None, kv_indptr=None, kv_indices=
         lse = torch.empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32, device=q.device)
     torch.ops.mlakit.decode(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
                             softmax_scale, kv_scale, causal, split, num_splits, workspace,
-                            lse_format)
+                            lse_format, kv_rope)
     return (out, lse) if lse is not None else out
 
 

@@ -81,9 +81,27 @@ def _index(name, t, device, dims, rows):
         raise ArgumentError(f"{name}: its last dimension must be contiguous (stride {t.stride(-1)})")
 
 
+def _check_rope_cache(kv_cache, kv_rope, device):
+    """kv_cache [pages, page_size, (1,) 512] with its rotary part kv_rope [pages, page_size,
+    (1,) 64]: the same pages and page size, the same dtype and device."""
+    _tensor("kv_rope", kv_rope, device, (3, 4), (kv_cache.dtype,), str(kv_cache.dtype) + " (kv_cache's dtype)")
+    rope_dim = HEAD_DIM_QK - HEAD_DIM_V
+    if kv_rope.dim() != kv_cache.dim() or (kv_rope.dim() == 4 and kv_rope.shape[2] != 1):
+        raise ArgumentError(f"kv_rope has shape {_shape(kv_rope)}: expected {_shape(kv_cache)[:-1] + [rope_dim]} "
+                            "(kv_cache's pages and page size, 64 rotary values per row)")
+    if kv_cache.shape[-1] != HEAD_DIM_V:
+        raise ArgumentError(f"kv_cache has shape {_shape(kv_cache)}: with kv_rope given, expected "
+                            "[pages, page_size, 512] (the latent values of each row)")
+    if tuple(kv_rope.shape[:-1]) != tuple(kv_cache.shape[:-1]) or kv_rope.shape[-1] != rope_dim:
+        raise ArgumentError(f"kv_rope has shape {_shape(kv_rope)}: expected {_shape(kv_cache)[:-1] + [rope_dim]} "
+                            "(kv_cache's pages and page size, 64 rotary values per row)")
+    if kv_rope.stride(-1) != 1:
+        raise ArgumentError(f"kv_rope: the last dimension must be contiguous (stride {kv_rope.stride(-1)})")
+
+
 def check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
                       softmax_scale, kv_scale, causal, split, num_splits, workspace,
-                      lse_format="natural"):
+                      lse_format="natural", kv_rope=None):
     """Raises ArgumentError for a call the op does not accept; returns None otherwise."""
     if not isinstance(q, torch.Tensor):
         raise ArgumentError(f"q: a tensor is required, got {type(q).__name__}")
@@ -104,11 +122,14 @@ def check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, o
     if kv_cache.dim() == 4 and kv_cache.shape[2] != 1:
         raise ArgumentError(f"kv_cache has shape {_shape(kv_cache)}: MLA has one latent KV head "
                             "([pages, page_size, 1, 576])")
-    if kv_cache.shape[-1] != HEAD_DIM_QK:
+    if kv_rope is not None:
+        _check_rope_cache(kv_cache, kv_rope, device)
+    elif kv_cache.shape[-1] != HEAD_DIM_QK:
         hint = ""
         if kv_cache.shape[-1] in (HEAD_DIM_V, HEAD_DIM_QK - HEAD_DIM_V):
             hint = ("; a view such as kv[..., :512] or kv[..., 512:] is one part of the cache: pass "
-                    "the whole 576-wide row (mlakit.join_latent_cache joins two such views)")
+                    "the whole 576-wide row (mlakit.join_latent_cache joins two such views), or the "
+                    "512 latent values as kv_cache and the 64 rotary values as kv_rope")
         raise ArgumentError(f"kv_cache has shape {_shape(kv_cache)}: expected [pages, page_size, 576] "
                             f"(each row 512 latent + 64 rotary values){hint}")
     if kv_cache.stride(-1) != 1:

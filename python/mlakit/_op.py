@@ -8,13 +8,15 @@ Schema (mutable outputs, nothing returned):
                    Tensor? kv_indices, Tensor kv_len, Tensor(a!) out, Tensor(b!)? lse,
                    float softmax_scale, float kv_scale=1., bool causal=True,
                    str split_mode="auto", int num_splits=0, Tensor(c!)? workspace=None,
-                   str lse_format="natural") -> ()
+                   str lse_format="natural", Tensor? kv_rope=None) -> ()
 
     mlakit::merge_states(Tensor part_o, Tensor part_lse, Tensor(a!) out,
                          Tensor(b!)? out_lse=None) -> ()
 
 lse_format says how decode writes lse: "natural" (ln, -inf for a row without keys), "natural_empty_is_inf"
 (FlashMLA's +inf there) or "base2" (FlashInfer's log2); the kernels write it so, with no extra pass.
+kv_rope, when given, is a separate cache of the 64 rotary values per row ([pages, page_size, 64],
+kv_cache then [pages, page_size, 512]), read in place as FlashInfer keeps its ckv and kpe caches.
 The ops write `out` (and `lse` / `out_lse` when given) in place, so engines keep their own
 output buffers and CUDA graphs see fixed addresses; mlakit.decode() and mlakit.merge_states()
 are the functional wrappers that allocate them. The decode workspace is scratch: pass one, or
@@ -31,7 +33,7 @@ from .reference import decode_reference, merge_states_reference
 _SCHEMA = ("(Tensor q, Tensor kv_cache, Tensor? block_table, Tensor? kv_indptr, Tensor? kv_indices, "
            "Tensor kv_len, Tensor(a6!) out, Tensor(a7!)? lse, float softmax_scale, float kv_scale=1., "
            "bool causal=True, str split_mode=\"auto\", SymInt num_splits=0, "
-           "Tensor(a13!)? workspace=None, str lse_format=\"natural\") -> ()")
+           "Tensor(a13!)? workspace=None, str lse_format=\"natural\", Tensor? kv_rope=None) -> ()")
 _MUTATED = ("out", "lse", "workspace")
 
 # Registered piece by piece (define, fake, per-device kernels, Autograd and ADInplaceOrView
@@ -79,9 +81,10 @@ decode_op = _define("decode", _SCHEMA, _MUTATED)
 
 def _decode_not_supported(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
                           softmax_scale, kv_scale=1.0, causal=True, split_mode="auto", num_splits=0,
-                          workspace=None, lse_format="natural"):
+                          workspace=None, lse_format="natural", kv_rope=None):
     check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
-                      softmax_scale, kv_scale, causal, split_mode, num_splits, workspace, lse_format)
+                      softmax_scale, kv_scale, causal, split_mode, num_splits, workspace, lse_format,
+                      kv_rope)
     raise _ext.Error(f"mlakit.decode runs on CUDA (and on CPU through the reference), not on {q.device.type}",
                      "not_supported")
 
@@ -93,17 +96,19 @@ _lib.impl("decode", _decode_not_supported, "CompositeExplicitAutograd")
 @torch.library.register_fake("mlakit::decode", lib=_lib)
 def _decode_fake(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse, softmax_scale,
                  kv_scale=1.0, causal=True, split_mode="auto", num_splits=0, workspace=None,
-                 lse_format="natural"):
+                 lse_format="natural", kv_rope=None):
     check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
-                      softmax_scale, kv_scale, causal, split_mode, num_splits, workspace, lse_format)
+                      softmax_scale, kv_scale, causal, split_mode, num_splits, workspace, lse_format,
+                      kv_rope)
 
 
 @torch.library.register_kernel("mlakit::decode", "cuda", lib=_lib)
 def _decode_cuda(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse, softmax_scale,
                  kv_scale=1.0, causal=True, split_mode="auto", num_splits=0, workspace=None,
-                 lse_format="natural"):
+                 lse_format="natural", kv_rope=None):
     check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
-                      softmax_scale, kv_scale, causal, split_mode, num_splits, workspace, lse_format)
+                      softmax_scale, kv_scale, causal, split_mode, num_splits, workspace, lse_format,
+                      kv_rope)
     ext = _ext.require()
     split_code = SPLIT_MODES[split_mode]
     batch, q_len, heads = q.shape[0], q.shape[1], q.shape[2]
@@ -114,7 +119,7 @@ def _decode_cuda(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, l
     code, name, message = ext.decode(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out,
                                      lse, workspace, float(softmax_scale), float(kv_scale),
                                      bool(causal), split_code, int(num_splits),
-                                     LSE_FORMATS[lse_format])
+                                     LSE_FORMATS[lse_format], kv_rope)
     if code != 0:
         _ext.raise_status(name, message)
 
@@ -122,12 +127,13 @@ def _decode_cuda(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, l
 @torch.library.register_kernel("mlakit::decode", "cpu", lib=_lib)
 def _decode_cpu(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse, softmax_scale,
                 kv_scale=1.0, causal=True, split_mode="auto", num_splits=0, workspace=None,
-                lse_format="natural"):
+                lse_format="natural", kv_rope=None):
     check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
-                      softmax_scale, kv_scale, causal, split_mode, num_splits, workspace, lse_format)
+                      softmax_scale, kv_scale, causal, split_mode, num_splits, workspace, lse_format,
+                      kv_rope)
     o, l = decode_reference(q, kv_cache, kv_len, block_table=block_table, kv_indptr=kv_indptr,
                             kv_indices=kv_indices, softmax_scale=softmax_scale, kv_scale=kv_scale,
-                            causal=causal)
+                            causal=causal, kv_rope=kv_rope)
     out.copy_(o)
     if lse is not None:
         if lse_format == "base2":

@@ -7,10 +7,10 @@ Same constructor, plan() and run() arguments (run's fp8 keywords ckv_scale, kpe_
 ckv_scale_arr included, keyword-only as FlashInfer has them). As in FlashInfer, the batch size
 is kv_len_arr's length: longer qo_indptr / kv_indptr arrays (and graph buffers) are sliced.
 What differs:
-- the cache: mlakit reads 576-wide rows, so ckv_cache and kpe_cache must be the two parts of
-  one cache tensor (kv[..., :512] and kv[..., 512:], which is how SGLang's and vLLM's MLA
-  pools hand them over); two separate tensors raise ArgumentError. A cache with no pages (no
-  request has keys) is accepted;
+- the cache: ckv_cache and kpe_cache are read in place, as two separate tensors (FlashInfer's
+  own layout) or as the two parts of one [pages, page_size, 576] tensor (kv[..., :512] and
+  kv[..., 512:], as SGLang's and vLLM's MLA pools hand them over; mlakit's fastest form: one
+  source address per token). A cache with no pages (no request has keys) is accepted;
 - every request has the same number of query tokens (q_len = total tokens / batch, 1..32);
   a host (CPU) qo_indptr is checked for that in plan(), a device one is not read;
 - the float workspace buffer is not used (mlakit keeps its own graph-safe workspace);
@@ -37,24 +37,20 @@ _KPE = HEAD_DIM_QK - HEAD_DIM_V
 _FP8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
 
-def _cache_view(ckv_cache, kpe_cache, page_size):
-    """The 576-wide cache behind ckv_cache and kpe_cache: a view, never a copy. A cache without
-    pages is accepted whatever its two parts' storage (nothing is read from it)."""
+def _cache_parts(ckv_cache, kpe_cache, page_size):
+    """(kv_cache, kv_rope) for decode(): the 576-wide view when ckv_cache and kpe_cache are the
+    two parts of one cache row (the joined form, kv_rope None), else the two tensors as they
+    are (the kernels read each in place). Never a copy. A cache without pages is accepted
+    whatever its two parts' storage (nothing is read from it)."""
     if ckv_cache.shape[-1] != HEAD_DIM_V or kpe_cache.shape[-1] != _KPE:
         raise ArgumentError(f"ckv_cache {list(ckv_cache.shape)} and kpe_cache {list(kpe_cache.shape)}: "
                             f"expected last dimensions {HEAD_DIM_V} and {_KPE} (head_dim_ckv, head_dim_kpe)")
     if ckv_cache.numel() == 0 and kpe_cache.numel() == 0:
-        return ckv_cache.new_empty((0, max(int(page_size), 1), HEAD_DIM_QK))
+        return ckv_cache.new_empty((0, max(int(page_size), 1), HEAD_DIM_QK)), None
     try:
-        return join_latent_cache(ckv_cache, kpe_cache)
+        return join_latent_cache(ckv_cache, kpe_cache), None
     except ArgumentError:
-        raise ArgumentError(
-            "ckv_cache and kpe_cache are not the two parts of one cache row: mlakit reads each token's "
-            "576 values (512 latent, then 64 rotary) from one row of one cache tensor, so kpe_cache must "
-            "start 512 elements after ckv_cache in the same rows, with the same strides (kv[..., :512] "
-            "and kv[..., 512:] of a [pages, page_size, 576] tensor, as SGLang's and vLLM's MLA pools "
-            "hold them). Caches kept as two separate tensors are not supported; allocate the pool as "
-            "one [pages, page_size, 576] tensor and pass its two views") from None
+        return ckv_cache, kpe_cache
 
 
 class BatchMLAPagedAttentionWrapper:
@@ -151,7 +147,7 @@ class BatchMLAPagedAttentionWrapper:
             q = join_q(q_nope, q_pe)
         else:  # one scale for the whole row: the rotary part's own scale moves into Q (a copy)
             q = torch.cat([q_nope, q_pe * rope_factor], dim=-1)
-        kv = _cache_view(ckv_cache, kpe_cache, p["page_size"])
+        kv, kv_rope = _cache_parts(ckv_cache, kpe_cache, p["page_size"])
         kv_indices = p["kv_indices"]
         if kv.shape[0] == 0:
             # No page to read: CSR ids without a kv_indices array (null), which the library
@@ -161,7 +157,8 @@ class BatchMLAPagedAttentionWrapper:
                kv_indptr=p["kv_indptr"], kv_indices=kv_indices, softmax_scale=p["sm_scale"],
                kv_scale=kv_scale, causal=p["causal"], out=out.view(batch, q_len, heads, HEAD_DIM_V),
                lse=None if lse is None else lse.view(batch, q_len, heads),
-               lse_format="natural" if return_lse_base_on_e else "base2")  # FlashInfer: log2
+               lse_format="natural" if return_lse_base_on_e else "base2",  # FlashInfer: log2
+               kv_rope=kv_rope)
         return (out, lse) if return_lse else out
 
     def _scales(self, ckv_cache, ckv_scale, ckv_scale_arr, kpe_scale):

@@ -27,9 +27,18 @@ def _gather(kv, idx):
 
 
 def decode_reference(q, kv_cache, kv_len, *, block_table=None, kv_indptr=None, kv_indices=None,
-                     softmax_scale, kv_scale=1.0, causal=True):
-    """Returns (out, lse) in float32: out [batch, q_len, heads, 512], lse [batch, q_len, heads]."""
+                     softmax_scale, kv_scale=1.0, causal=True, kv_rope=None):
+    """Returns (out, lse) in float32: out [batch, q_len, heads, 512], lse [batch, q_len, heads].
+    With kv_rope ([pages, page_size, 64]) the rotary values come from it and kv_cache holds the
+    512 latent values of each row."""
     kv = kv_cache[:, :, 0, :] if kv_cache.dim() == 4 else kv_cache
+    if kv_rope is not None:
+        rope = kv_rope[:, :, 0, :] if kv_rope.dim() == 4 else kv_rope
+        if kv.element_size() == 1:  # torch.cat does not take every fp8 dtype on every device
+            kv = torch.cat([kv[..., :HEAD_DIM_V].view(torch.uint8), rope.view(torch.uint8)],
+                           -1).view(kv.dtype)
+        else:
+            kv = torch.cat([kv[..., :HEAD_DIM_V], rope], -1)
     batch, q_len, heads, _ = q.shape
     page_size = kv.shape[1]
     out = torch.zeros(batch, q_len, heads, HEAD_DIM_V, dtype=torch.float32, device=q.device)

@@ -31,13 +31,13 @@ def test_schema():
     names = [a.name for a in schema.arguments]
     assert names == ["q", "kv_cache", "block_table", "kv_indptr", "kv_indices", "kv_len", "out", "lse",
                      "softmax_scale", "kv_scale", "causal", "split_mode", "num_splits", "workspace",
-                     "lse_format"]
+                     "lse_format", "kv_rope"]
     written = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
     assert written == ["out", "lse", "workspace"]
     assert len(schema.returns) == 0
     defaults = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
     assert defaults == {"kv_scale": 1.0, "causal": True, "split_mode": "auto", "num_splits": 0, "workspace": None,
-                        "lse_format": "natural"}
+                        "lse_format": "natural", "kv_rope": None}
 
 
 # ---- fake implementation -----------------------------------------------------------------------
@@ -427,8 +427,10 @@ def test_flashinfer_adapter_layout(q_len):
     ref_out, ref_lse = reference(case, "csr", softmax_scale=SCALE, causal=q_len > 1)
     torch.testing.assert_close(out, ref_out.bfloat16().reshape(3 * q_len, 4, 512))
     torch.testing.assert_close(lse2 * math.log(2.0), ref_lse.reshape(3 * q_len, 4))
-    with pytest.raises(mlakit.ArgumentError, match="not the two parts of one cache row"):
-        w.run(q[..., :512], q[..., 512:], kv[..., :512].clone(), kv[..., 512:])
+    # Two separate cache tensors (FlashInfer's layout) are read in place: the same result.
+    out2, lse3 = w.run(q[..., :512], q[..., 512:], kv[..., :512].clone(), kv[..., 512:].clone(),
+                       return_lse=True)
+    assert torch.equal(out2, out) and torch.equal(lse3, lse2)
 
 
 def test_flashinfer_adapter_rejects_ragged_q():

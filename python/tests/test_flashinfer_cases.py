@@ -1,6 +1,7 @@
 """The kinds of cases FlashInfer's own MLA tests (tests/attention/test_deepseek_mla.py) run,
 driven through mlakit.flashinfer.BatchMLAPagedAttentionWrapper without FlashInfer installed:
-the batch taken from kv_len_arr with longer indptr arrays, NaN in the cache past each request's
+the batch taken from kv_len_arr with longer indptr arrays, the ckv and kpe caches as two tensors
+of their own (FlashInfer's layout) and as two views of one pool, NaN in the cache past each request's
 length, requests without keys and caches without pages, CUDA-graph index buffers, caller
 buffers for out and lse (base-2 LSE), the fp8 keywords, and the calls outside the library's
 domain rejected with a clear error. The reference is FlashInfer's: softmax over the
@@ -34,10 +35,19 @@ def attention_ref(q, k, v, qo_len, kv_len, causal, sm_scale):
     return o, lse * math.log2(math.e)
 
 
-def pool(pages, page_size, device, dtype=DTYPE, gen=None):
-    """A joined MLA pool [pages, page_size, 576] and its two views, as SGLang and vLLM hold it."""
+def parts(kv, layout):
+    """ckv and kpe of a [pages, page_size, 576] pool: its two views (layout "joined", as SGLang
+    and vLLM hold it) or two tensors of their own (layout "separate", as FlashInfer's test and
+    its own pools hold them)."""
+    if layout == "joined":
+        return kv[..., :H_CKV], kv[..., H_CKV:]
+    return kv[..., :H_CKV].clone(), kv[..., H_CKV:].clone()
+
+
+def pool(pages, page_size, device, dtype=DTYPE, gen=None, layout="joined"):
+    """A [pages, page_size, 576] MLA pool and its ckv and kpe parts (see parts())."""
     kv = torch.randn(pages, page_size, H_CKV + H_KPE, generator=gen).to(dtype).to(device)
-    return kv, kv[..., :H_CKV], kv[..., H_CKV:]
+    return (kv,) + parts(kv, layout)
 
 
 def split_q(total, heads, device, gen, dtype=DTYPE):
@@ -54,8 +64,9 @@ def check_request(o, lse, q, kv_rows, qo_len, kv_len, causal, sm_scale, atol=2e-
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["joined", "separate"])
 @pytest.mark.parametrize("batch,qo_len,causal", [(1, 1, False), (2, 3, True), (3, 5, False)])
-def test_varlen_batch_from_kv_len_arr(device, batch, qo_len, causal):
+def test_varlen_batch_from_kv_len_arr(device, layout, batch, qo_len, causal):
     """FlashInfer's varlen test: three length groups per batch entry, kv_indptr built as a
     [batch + 1, 3] table flattened (3 (batch + 1) entries for 3 batch requests)."""
     gen = torch.Generator().manual_seed(batch * 7 + qo_len)
@@ -64,7 +75,7 @@ def test_varlen_batch_from_kv_len_arr(device, batch, qo_len, causal):
     pages_nums = groups.tolist()
     pages_indptr = [0, pages_nums[0], pages_nums[0] + pages_nums[1], sum(pages_nums)]
     S = pages_indptr[-1]
-    _, ckv, kpe = pool(batch * S, page_size, device, gen=gen)
+    _, ckv, kpe = pool(batch * S, page_size, device, gen=gen, layout=layout)
     q, q_nope, q_pe = split_q(3 * batch * qo_len, heads, device, gen)
     kv_indptr = torch.cat([torch.arange(batch + 1).unsqueeze(-1).int() * S + pages_indptr[i]
                            for i in range(3)], dim=-1).flatten().to(device)
@@ -85,15 +96,17 @@ def test_varlen_batch_from_kv_len_arr(device, batch, qo_len, causal):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["joined", "separate"])
 @pytest.mark.parametrize("kv_len,page_size", [(17, 16), (75, 32), (33, 16)])
-def test_nan_past_each_length_is_not_read(device, kv_len, page_size):
+def test_nan_past_each_length_is_not_read(device, layout, kv_len, page_size):
     gen = torch.Generator().manual_seed(kv_len)
     batch, qo_len, heads = 3, 3, 16
     pages_num = math.ceil(kv_len / page_size)
-    kv, ckv, kpe = pool(batch * pages_num, page_size, device, gen=gen)
+    kv = pool(batch * pages_num, page_size, device, gen=gen)[0]
     last = kv_len - (pages_num - 1) * page_size
     for i in range(batch):
         kv[(i + 1) * pages_num - 1, last:, :] = float("nan")
+    ckv, kpe = parts(kv, layout)
     q, q_nope, q_pe = split_q(batch * qo_len, heads, device, gen)
     sm_scale = 1.0 / (192 ** 0.5)
     w = BatchMLAPagedAttentionWrapper(torch.empty(1, dtype=torch.uint8, device=device))
@@ -111,16 +124,17 @@ def test_nan_past_each_length_is_not_read(device, kv_len, page_size):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["joined", "separate"])
 @pytest.mark.parametrize("kv_len", [0, 17, 96])
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_page_attention_with_graph_buffers_and_caller_buffers(device, kv_len, page_size):
+def test_page_attention_with_graph_buffers_and_caller_buffers(device, layout, kv_len, page_size):
     """FlashInfer's page-attention test: CUDA-graph buffers given to the constructor (longer than
     needed), kv_len 0 with a cache of no pages, then out= and lse= buffers (written in base 2,
     only out returned)."""
     gen = torch.Generator().manual_seed(kv_len + page_size)
     batch, qo_len, heads = 3, 1, 16
     pages_num = math.ceil(kv_len / page_size)
-    _, ckv, kpe = pool(batch * pages_num, page_size, device, gen=gen)
+    _, ckv, kpe = pool(batch * pages_num, page_size, device, gen=gen, layout=layout)
     q, q_nope, q_pe = split_q(batch * qo_len, heads, device, gen)
     sm_scale = 1.0 / (192 ** 0.5)
     i32 = dict(dtype=torch.int32, device=device)
@@ -146,8 +160,9 @@ def test_page_attention_with_graph_buffers_and_caller_buffers(device, kv_len, pa
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["joined", "separate"])
 @pytest.mark.parametrize("ckv_scale,kpe_scale", [(0.02, 0.02), (0.02, 0.005)])
-def test_fp8_keywords(device, ckv_scale, kpe_scale):
+def test_fp8_keywords(device, layout, ckv_scale, kpe_scale):
     """run(ckv_scale=, kpe_scale=) on an fp8 pool: the same as the 16-bit run on the dequantised
     values (different scales fold the rotary scale into a copy of q_pe)."""
     gen = torch.Generator().manual_seed(5)
@@ -166,7 +181,7 @@ def test_fp8_keywords(device, ckv_scale, kpe_scale):
             1.0 / 24)
     w8 = BatchMLAPagedAttentionWrapper(None)
     w8.plan(*args, torch.bfloat16, torch.float8_e4m3fn)
-    o8 = w8.run(q[..., :H_CKV], q[..., H_CKV:], kv8[..., :H_CKV], kv8[..., H_CKV:], ckv_scale=ckv_scale,
+    o8 = w8.run(q[..., :H_CKV], q[..., H_CKV:], *parts(kv8, layout), ckv_scale=ckv_scale,
                 kpe_scale=kpe_scale)
     w16 = BatchMLAPagedAttentionWrapper(None)
     w16.plan(*args, torch.bfloat16, torch.bfloat16)
@@ -223,9 +238,11 @@ def test_outside_the_domain_rejected_with_a_clear_error():
     w.plan(*plan, 512, 64, 16, False, 1.0, DTYPE, DTYPE)
     q = torch.zeros(2, 16, 576, dtype=DTYPE)
     ckv, kpe = torch.zeros(2, 16, 512, dtype=DTYPE), torch.zeros(2, 16, 64, dtype=DTYPE)
-    with pytest.raises(mlakit.ArgumentError, match=r"ckv_cache and kpe_cache are not the two parts of one cache "
-                                                   r"row.*Caches kept as two separate tensors are not supported"):
-        w.run(q[..., :512], q[..., 512:], ckv, kpe)
+    with pytest.raises(mlakit.ArgumentError, match=r"ckv_cache \[2, 16, 512\] and kpe_cache \[2, 16, 32\]: "
+                                                   r"expected last dimensions 512 and 64"):
+        w.run(q[..., :512], q[..., 512:], ckv, kpe[..., :32])
+    with pytest.raises(mlakit.ArgumentError, match=r"kv_rope has shape \[3, 16, 64\]: expected \[2, 16, 64\]"):
+        w.run(q[..., :512], q[..., 512:], ckv, torch.zeros(3, 16, 64, dtype=DTYPE))
     q3 = torch.zeros(3, 16, 576, dtype=DTYPE)
     with pytest.raises(mlakit.ArgumentError, match="3 query tokens for 2 requests"):
         kv = torch.zeros(2, 16, 576, dtype=DTYPE)

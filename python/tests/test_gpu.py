@@ -293,3 +293,65 @@ def test_flashinfer_adapter_sglang_views():
                      return_lse_base_on_e=True)
     assert out.shape == (3, 16, 512) and lse.shape == (3, 16)
     check(case, out.view(3, 1, 16, 512), lse.view(3, 1, 16), "csr", causal=False)
+
+
+# ---- a separate rotary cache (kv_rope) ----------------------------------------------------------
+
+def rope_parts(kv, layout):
+    """The latent and rotary parts of a [pages, page_size, 576] cache as two tensors of their own:
+    packed ("packed": [pages, page_size, 512] and [pages, page_size, 64]) or as views into wider
+    rows ("padded": rows of 640 and 128 values, so every stride differs from the joined one)."""
+    if layout == "packed":
+        return kv[..., :512].clone(), kv[..., 512:].clone()
+    pages, page_size = kv.shape[0], kv.shape[1]
+    latent = torch.zeros(pages, page_size, 640, dtype=kv.dtype, device=kv.device)[..., :512]
+    rope = torch.zeros(pages, page_size, 128, dtype=kv.dtype, device=kv.device)[..., 64:]
+    latent.copy_(kv[..., :512])
+    rope.copy_(kv[..., 512:])
+    return latent, rope
+
+
+SEPARATE = [  # q_len, heads, kv dtype, page size, split, layout: each kernel family and form
+    (1, 16, torch.bfloat16, 64, "auto", "packed"), (8, 16, torch.bfloat16, 64, "auto", "padded"),
+    (8, 16, torch.float8_e4m3fn, 64, "auto", "packed"), (4, 16, torch.float8_e4m3fn, 1, "fixed", "padded"),
+    (2, 128, torch.bfloat16, 16, "none", "packed"), (32, 16, torch.float8_e4m3fn, 64, "auto", "padded"),
+    (3, 12, torch.float16, 1, "auto", "padded"), (1, 1, torch.float8_e4m3fnuz, 256, "fixed", "packed"),
+    (16, 128, torch.bfloat16, 64, "auto", "padded"), (5, 8, torch.float8_e4m3fn, 16, "none", "packed"),
+]
+
+
+@pytest.mark.parametrize("q_len,heads,kv_dtype,page_size,split,layout", SEPARATE)
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
+def test_separate_rope_cache_equals_joined_bitwise(q_len, heads, kv_dtype, page_size, split, layout, q_dtype):
+    """kv_cache [pages, P, 512] with kv_rope [pages, P, 64] holds the same values as the joined
+    cache: the kernels read the same values from other addresses, so O and LSE are bitwise
+    equal, and they match the reference."""
+    case = make_case(batch=3, q_len=q_len, heads=heads, q_dtype=q_dtype, kv_dtype=kv_dtype,
+                     page_size=page_size, kv_lens=(q_len, 37, 700), device="cuda", seed=q_len * 131 + heads)
+    kv_scale = 0.5 if kv_dtype in F8 else 1.0
+    num_splits = 3 if split == "fixed" else 0
+    out, lse = run(case, kv_scale=kv_scale, split=split, num_splits=num_splits)
+    latent, rope = rope_parts(case["kv_cache"], layout)
+    out2 = torch.full_like(out, math.nan)
+    lse2 = torch.full_like(lse, math.nan)
+    mlakit.decode(case["q"], latent, case["kv_len"], **page_ids(case, "table"), softmax_scale=SCALE,
+                  kv_scale=kv_scale, split=split, num_splits=num_splits, out=out2, lse=lse2, kv_rope=rope)
+    torch.cuda.synchronize()
+    assert torch.equal(out2, out) and torch.equal(lse2, lse)
+    check(case, out2, lse2, kv_scale=kv_scale)
+
+
+def test_separate_rope_cache_is_read():
+    """The rotary values come from kv_rope, not from past the latent values: changing them changes
+    the result as the reference says."""
+    case = make_case(batch=2, q_len=8, heads=16, kv_dtype=torch.float8_e4m3fn, kv_lens=(8, 300),
+                     device="cuda", seed=3)
+    latent, rope = rope_parts(case["kv_cache"], "packed")
+    rope.mul_(-1) if rope.element_size() > 1 else rope.view(torch.uint8).bitwise_xor_(0x80)
+    out, lse = mlakit.decode(case["q"], latent, case["kv_len"], block_table=case["block_table"],
+                             softmax_scale=SCALE, return_lse=True, kv_rope=rope)
+    ref_out, ref_lse = mlakit.decode_reference(case["q"], latent, case["kv_len"], block_table=case["block_table"],
+                                               softmax_scale=SCALE, kv_rope=rope)
+    joined_ref, _ = reference(case, "table", softmax_scale=SCALE)
+    assert rel_l2(out.float(), ref_out) < O_TOL[out.dtype]
+    assert rel_l2(ref_out, joined_ref) > 0.1  # the sign flip matters: the test can fail

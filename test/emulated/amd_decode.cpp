@@ -87,6 +87,24 @@ TEST_CASE("emulated decode: the seed shape, both fp8 formats, 16 and 12 heads", 
   check_case(peaky);
 }
 
+TEST_CASE("emulated decode: a separate rotary cache (kv_rope)", "[amd-decode]") {
+  int i = 0;
+  for (DType q : {DType::bf16, DType::fp16})
+    for (DType kv : {DType::bf16, DType::fp16, DType::fp8_e4m3fn, DType::fp8_e4m3fnuz}) {
+      Case c = seed_shape();
+      c.q_type = q;
+      c.kv_type = kv;
+      c.page_size = i % 3 == 0 ? 1 : 16;
+      c.ids = i % 2 ? PageIds::block_table : PageIds::csr;
+      c.heads = i % 4 == 3 ? 128 : 16;
+      c.q_len = i % 4 == 3 ? 1 : 8;
+      c.kv_lens = {0, 7, 65, 130};
+      c.split_cache = true;
+      c.seed = 40 + i++;
+      check_case(c);
+    }
+}
+
 TEST_CASE("emulated decode: every dtype pair", "[amd-decode]") {
   for (DType q : {DType::bf16, DType::fp16})
     for (DType kv : {DType::bf16, DType::fp16, DType::fp8_e4m3fn, DType::fp8_e4m3fnuz}) {

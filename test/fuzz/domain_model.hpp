@@ -124,6 +124,7 @@ inline Violations domain_violations(const mlakit::DecodeArgs& a) {
   pointer_rule("out", a.out, 16, req, v);
   pointer_rule("kv_len", a.kv_len, 4, req, v);
   pointer_rule("lse", a.lse, 4, false, v);
+  pointer_rule("kv_rope", a.kv_rope, 16, false, v);
 
   const i128 H = a.num_heads, T = a.q_len, B = a.batch, P = a.page_size;
   // Q: every stride >= 576, a multiple of 8; rows of 576 two-byte elements.
@@ -131,11 +132,17 @@ inline Violations domain_violations(const mlakit::DecodeArgs& a) {
                 {"q_stride_token", a.q_stride_token, T, 576},
                 {"q_stride_batch", a.q_stride_batch, B, 576}},
                576, 2, 8, v);
-  // KV: >= 576, multiples of 16 bytes; every page id up to 2^31 - 1.
+  // KV: >= 576 (>= 512 with a separate rotary cache kv_rope, whose strides are >= 64),
+  // multiples of 16 bytes; every page id up to 2^31 - 1.
   const i128 kv_bytes = (kt == 2 || kt == 3) ? 1 : 2;
-  tensor_rules({{"kv_stride_token", a.kv_stride_token, P, 576},
-                {"kv_stride_page", a.kv_stride_page, i128(1) << 31, 576}},
-               576, kv_bytes, 16 / kv_bytes, v);
+  const i128 kv_row = a.kv_rope != nullptr ? 512 : 576;
+  tensor_rules({{"kv_stride_token", a.kv_stride_token, P, kv_row},
+                {"kv_stride_page", a.kv_stride_page, i128(1) << 31, kv_row}},
+               kv_row, kv_bytes, 16 / kv_bytes, v);
+  if (a.kv_rope != nullptr)
+    tensor_rules({{"kv_rope_stride_token", a.kv_rope_stride_token, P, 64},
+                  {"kv_rope_stride_page", a.kv_rope_stride_page, i128(1) << 31, 64}},
+                 64, kv_bytes, 16 / kv_bytes, v);
   // O: no overlap. o_stride_token >= (heads - 1) x o_stride_head + 512, o_stride_batch >=
   // (q_len - 1) x o_stride_token + (heads - 1) x o_stride_head + 512.
   const i128 o_tok = at_least_0(H - 1) * a.o_stride_head + 512;
@@ -247,6 +254,7 @@ inline std::string printed_value(const mlakit::DecodeArgs& a, const mlakit::Devi
   if (name == "kv_scale") return float_g(a.kv_scale);
   if (name == "q") return hex_or_null(a.q);
   if (name == "kv") return hex_or_null(a.kv);
+  if (name == "kv_rope") return hex_or_null(a.kv_rope);
   if (name == "out") return hex_or_null(a.out);
   if (name == "lse") return hex_or_null(a.lse);
   if (name == "kv_len") return hex_or_null(a.kv_len);
@@ -259,6 +267,8 @@ inline std::string printed_value(const mlakit::DecodeArgs& a, const mlakit::Devi
       {"q_stride_head", a.q_stride_head},
       {"kv_stride_page", a.kv_stride_page},
       {"kv_stride_token", a.kv_stride_token},
+      {"kv_rope_stride_page", a.kv_rope_stride_page},
+      {"kv_rope_stride_token", a.kv_rope_stride_token},
       {"o_stride_batch", a.o_stride_batch},
       {"o_stride_token", a.o_stride_token},
       {"o_stride_head", a.o_stride_head},

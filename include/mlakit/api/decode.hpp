@@ -298,6 +298,8 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   KernelArgs k;
   k.a = a;
   k.a.block_table_stride = block_table_row_stride(a);  // 0 (packed) resolved for the kernel
+  k.split_cache = a.kv_rope != nullptr ? 1 : 0;
+  resolve_rope_part(k.a);
   k.shape = shape;
   k.ws = workspace_view(workspace, wl, rows_padded);
   k.scale_log2 = a.softmax_scale * a.kv_scale * kLog2e;

@@ -77,6 +77,13 @@ struct DecodeArgs {
   // dequantisation scale of an fp8 cache, and for a 16-bit cache 1 (no change) or any other
   // finite value > 0, which then scales K and V alike.
   float kv_scale = 1.0f;
+  // Optional second cache for the 64 rotary values: [num_pages, page_size, 64] in kv_type,
+  // row (page, slot) holding the rotary values of the token whose latent values are kv's row
+  // (page, slot). Null (the default): kv rows hold all 576 values. Given: kv rows need hold
+  // only the 512 latent values (FlashInfer keeps its ckv and kpe caches this way).
+  const void* kv_rope = nullptr;
+  std::int64_t kv_rope_stride_page = 0;
+  std::int64_t kv_rope_stride_token = 0;
 
   // --- page ids ----------------------------------------------------------------------------
   PageIds page_ids = PageIds::block_table;
@@ -136,7 +143,8 @@ constexpr std::int64_t mul_sat(std::int64_t x, std::int64_t y) {
 }  // namespace detail
 
 // Sets every stride of `a` for densely packed tensors of the shapes in `a`
-// (Q/O [batch, q_len, heads, D], KV [pages, page_size, 576], LSE [batch, q_len, heads],
+// (Q/O [batch, q_len, heads, D], KV [pages, page_size, 576], a rotary cache kv_rope
+// [pages, page_size, 64] where one is given, LSE [batch, q_len, heads],
 // block table [batch, max_pages_per_request]). Reads num_heads, q_len and page_size only: the
 // block-table stride is set to 0 (packed rows), which follows max_pages_per_request whenever
 // that is set. Any int values are accepted without overflow: heads x q_len is exact in 64 bits,
@@ -149,6 +157,8 @@ inline void set_packed_strides(DecodeArgs& a) {
   a.q_stride_batch = detail::mul_sat(rows, kHeadDimQK);
   a.kv_stride_token = kHeadDimQK;
   a.kv_stride_page = std::int64_t(a.page_size) * kHeadDimQK;
+  a.kv_rope_stride_token = kHeadDimQK - kHeadDimV;  // read only when kv_rope is given
+  a.kv_rope_stride_page = std::int64_t(a.page_size) * (kHeadDimQK - kHeadDimV);
   a.o_stride_head = kHeadDimV;
   a.o_stride_token = std::int64_t(a.num_heads) * kHeadDimV;
   a.o_stride_batch = detail::mul_sat(rows, kHeadDimV);
@@ -156,6 +166,19 @@ inline void set_packed_strides(DecodeArgs& a) {
   a.lse_stride_token = a.num_heads;
   a.lse_stride_batch = rows;
   a.block_table_stride = 0;
+}
+
+// The rotary part as the kernels read it: kv_rope with its strides, or for a joined cache
+// (kv_rope null) columns 512.. of kv's rows. Every kernel reads latent values from kv and
+// rotary values from kv_rope, so a joined cache is the case kv_rope = kv + 512 elements.
+MLAKIT_HOST_DEVICE inline void resolve_rope_part(DecodeArgs& a) {
+  if (a.kv_rope != nullptr) return;
+  a.kv_rope_stride_page = a.kv_stride_page;
+  a.kv_rope_stride_token = a.kv_stride_token;
+  // A null kv is never read (validate()): its rotary part stays null.
+  if (a.kv != nullptr)
+    a.kv_rope = static_cast<const unsigned char*>(a.kv) +
+                std::int64_t(kHeadDimV) * std::int64_t(dtype_bytes(a.kv_type));
 }
 
 // Entries between the block-table rows of consecutive requests: block_table_stride, or

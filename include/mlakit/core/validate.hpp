@@ -135,6 +135,7 @@ inline Status validate_pointers(const DecodeArgs& a) {
   // Q, KV and O rows move in 16-byte pieces; LSE and kv_len are read and written as 4 bytes.
   if (!(s = check_pointer("q", a.q, 16, required)) ||
       !(s = check_pointer("kv", a.kv, 16, kv_read)) ||
+      !(s = check_pointer("kv_rope", a.kv_rope, 16, false)) ||
       !(s = check_pointer("out", a.out, 16, required)) ||
       !(s = check_pointer("kv_len", a.kv_len, 4, required)) ||
       !(s = check_pointer("lse", a.lse, 4, false)))
@@ -155,11 +156,24 @@ inline Status validate_strides(const DecodeArgs& a) {
       !(s = q.dim("q_stride_batch", a.q_stride_batch, a.batch, kHeadDimQK, 8)))
     return s;
 
+  // KV rows: all 576 values, or with a separate rotary cache the 512 latent values in kv and
+  // the 64 rotary values in kv_rope (each its own tensor, strides checked alike).
   const std::int64_t kv_bytes = std::int64_t(dtype_bytes(a.kv_type));
-  SpanCheck kv(kHeadDimQK, kv_bytes);
-  if (!(s = kv.dim("kv_stride_token", a.kv_stride_token, a.page_size, kHeadDimQK, 16 / kv_bytes)) ||
-      !(s = kv.dim("kv_stride_page", a.kv_stride_page, kMaxPageId + 1, kHeadDimQK, 16 / kv_bytes)))
+  const bool split_cache = a.kv_rope != nullptr;
+  const std::int64_t kv_row = split_cache ? kHeadDimV : kHeadDimQK;
+  SpanCheck kv(kv_row, kv_bytes);
+  if (!(s = kv.dim("kv_stride_token", a.kv_stride_token, a.page_size, kv_row, 16 / kv_bytes)) ||
+      !(s = kv.dim("kv_stride_page", a.kv_stride_page, kMaxPageId + 1, kv_row, 16 / kv_bytes)))
     return s;
+  if (split_cache) {
+    constexpr std::int64_t kRope = kHeadDimQK - kHeadDimV;
+    SpanCheck rope(kRope, kv_bytes);
+    if (!(s = rope.dim("kv_rope_stride_token", a.kv_rope_stride_token, a.page_size, kRope,
+                       16 / kv_bytes)) ||
+        !(s = rope.dim("kv_rope_stride_page", a.kv_rope_stride_page, kMaxPageId + 1, kRope,
+                       16 / kv_bytes)))
+      return s;
+  }
 
   SpanCheck o(kHeadDimV, q_bytes);
   if (!(s = o.dim("o_stride_head", a.o_stride_head, a.num_heads, o.span(), 8)) ||

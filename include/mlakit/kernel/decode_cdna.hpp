@@ -170,11 +170,22 @@ struct CdnaMainloop {
       Tr::Problem::kv_is_fixed ? KvDTypeOf<typename Tr::Problem::kv_type>::value : kOther16;
   static constexpr int kKvBytes = static_cast<int>(dtype_bytes(kKv));
   static constexpr int kRowChunks = kHeadDimQK * kKvBytes / 16;  // 16-byte chunks per token
+  static constexpr int kLatentChunks = kHeadDimV * kKvBytes / 16;  // the rest are rotary
   static constexpr int kMaxChunks = (kTokensPerWave * kRowChunks + 63) / 64;
 
   // Raw 16-byte chunks of tile [kt, kt + 16) that this lane copies (tokens >= kv_end: zero).
+  // The rotary values come from a separate cache only where the caller gave one.
   __device__ __forceinline__ void load_raw(uint4 (&raw)[kMaxChunks], const std::int32_t* table,
                                            int kt, int kv_end) const {
+    if (p.split_cache)
+      load_raw_from<true>(raw, table, kt, kv_end);
+    else
+      load_raw_from<false>(raw, table, kt, kv_end);
+  }
+  template <bool kSplit>
+  __device__ __forceinline__ void load_raw_from(uint4 (&raw)[kMaxChunks],
+                                                const std::int32_t* table, int kt,
+                                                int kv_end) const {
     const DecodeArgs& a = p.a;
     // Opaque per tile: the chunks' offsets are recomputed here instead of held in registers
     // across the tile loop.
@@ -190,11 +201,15 @@ struct CdnaMainloop {
       const int page_t = shfl(page, t < kTokensPerWave ? t : 0);
       raw[i] = uint4{0, 0, 0, 0};
       if (t < kTokensPerWave && j < kv_end) {
-        const unsigned char* src = static_cast<const unsigned char*>(a.kv) +
-                                   (std::int64_t(page_t) * a.kv_stride_page +
-                                    std::int64_t(j % a.page_size) * a.kv_stride_token) *
-                                       kKvBytes;
-        raw[i] = *reinterpret_cast<const uint4*>(src + ch * 16);
+        // The token's kv row, or (kSplit) for its rotary chunks its kv_rope row.
+        const bool latent = !kSplit || ch < kLatentChunks;
+        const unsigned char* src =
+            static_cast<const unsigned char*>(latent ? a.kv : a.kv_rope) +
+            (std::int64_t(page_t) * (latent ? a.kv_stride_page : a.kv_rope_stride_page) +
+             std::int64_t(j % a.page_size) *
+                 (latent ? a.kv_stride_token : a.kv_rope_stride_token)) *
+                kKvBytes;
+        raw[i] = *reinterpret_cast<const uint4*>(src + (latent ? ch : ch - kLatentChunks) * 16);
       }
     }
   }

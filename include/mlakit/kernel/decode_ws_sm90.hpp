@@ -104,6 +104,7 @@ struct WsMainloop {
                     kThreads * (65536 / kThreads / 8 * 8),
                 "the register split exceeds the CTA's allocation");
   static constexpr int kChunkBytes = Tile::kChunkBytes;  // 64 tokens x 64 columns, 8 KB
+  static constexpr int kLatentChunks = kHeadDimV / 64;  // chunks 0-7; chunk 8 is the rotary part
   static constexpr int kLo = 0, kHi = 1;                 // release groups: chunks 0-3, 4-8
   // fp8: the raw bytes of chunks [C0, C1) sit at the top of those chunks' converted region.
   template <int C0, int C1>
@@ -160,14 +161,18 @@ struct WsMainloop {
       }
     }
   }
-  // Row addresses of this thread's tokens of the tile at kt; nullptr past the piece.
+  // Latent and (kSplit: a separate cache's) rotary row addresses of this thread's tokens of
+  // the tile at kt; nullptr past the piece.
+  template <bool kSplit>
   __device__ void rows_of(int kt, int kv_end, int tid, const int (&id)[4],
-                          const unsigned char* (&src)[4]) const {
+                          const unsigned char* (&src)[4], const unsigned char* (&rope)[4]) const {
     const int n = tokens_per_thread();
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int j = kt + token_of(tid, k);
-      src[k] = k < n && j < kv_end ? ctx.page_row(id[k], j % ctx.p.a.page_size) : nullptr;
+      const bool valid = k < n && j < kv_end;
+      src[k] = valid ? ctx.page_row(id[k], j % ctx.p.a.page_size) : nullptr;
+      if constexpr (kSplit) rope[k] = valid ? ctx.rope_row(id[k], j % ctx.p.a.page_size) : nullptr;
     }
   }
 
@@ -179,8 +184,17 @@ struct WsMainloop {
   // Tiles come in pairs (A in stage 0, B in stage 1), and the halves of a pair are refilled
   // in the order the consumers release them: A-lo, B-hi, A-hi, B-lo (consume_a / consume_b).
   // fp8 KV: each half's raw copies are issued as soon as it is released and converted while
-  // the next half's copies are in flight.
+  // the next half's copies are in flight. The rotary values come from a separate cache only
+  // where the caller gave one (a form of its own: the joined cache's copies keep one source
+  // per token, as the producer's registers allow no more).
   __device__ void produce(const Range& r, State& st) const {
+    if (ctx.p.split_cache)
+      produce_tiles<true>(r, st);
+    else
+      produce_tiles<false>(r, st);
+  }
+  template <bool kSplit>
+  __device__ void produce_tiles(const Range& r, State& st) const {
     if (r.n_pairs == 0) return;
     const Pipeline pipe{state.bars};
     const int tid = static_cast<int>(threadIdx.x) - kConsumerThreads;  // 0..127
@@ -191,11 +205,11 @@ struct WsMainloop {
     fetch_pages(table, r.kv_begin + 64, last, tid, id_b);
     for (int pair = 0; pair < r.n_pairs; ++pair) {
       const int kt = r.kv_begin + 128 * pair;
-      const unsigned char* src[4];
-      rows_of(kt, r.kv_end, tid, id_a, src);
-      const ThreadRows da = thread_rows(src, tid);
-      rows_of(kt + 64, r.kv_end, tid, id_b, src);
-      const ThreadRows db = thread_rows(src, tid);
+      const unsigned char *src[4], *rope[4] = {};
+      rows_of<kSplit>(kt, r.kv_end, tid, id_a, src, rope);
+      const ThreadRows da = thread_rows<kSplit>(src, rope, tid);
+      rows_of<kSplit>(kt + 64, r.kv_end, tid, id_b, src, rope);
+      const ThreadRows db = thread_rows<kSplit>(src, rope, tid);
       if (pair + 1 < r.n_pairs) {  // in flight while waiting
         fetch_pages(table, kt + 128, last, tid, id_a);
         fetch_pages(table, kt + 192, last, tid, id_b);
@@ -220,49 +234,65 @@ struct WsMainloop {
       };
       if constexpr (Tr::kDirect) {
         in_release_order([&](unsigned char* stage, const ThreadRows& d, const State& hs, auto half) {
-          load_direct<decltype(half)::c0, decltype(half)::c1>(stage, d, pipe, hs, tid);
+          load_direct<kSplit, decltype(half)::c0, decltype(half)::c1>(stage, d, pipe, hs, tid);
         });
       } else if (ctx.kv_bytes == 1) {
         pipe.producer_acquire(sa, kLo);
-        copy_raw<0, 4>(stage_a, da, tid);
+        copy_raw<kSplit, 0, 4>(stage_a, da, tid);
         pipe.producer_acquire(sb, kHi);
-        copy_raw<4, 9>(stage_b, db, tid);
+        copy_raw<kSplit, 4, 9>(stage_b, db, tid);
         Copy::template wait<1>();
         convert_fp8<0, 4>(stage_a, pipe, sa, tid);
         pipe.producer_acquire(sa, kHi);
-        copy_raw<4, 9>(stage_a, da, tid);
+        copy_raw<kSplit, 4, 9>(stage_a, da, tid);
         Copy::template wait<1>();
         convert_fp8<4, 9>(stage_b, pipe, sb, tid);
         pipe.producer_acquire(sb, kLo);
-        copy_raw<0, 4>(stage_b, db, tid);
+        copy_raw<kSplit, 0, 4>(stage_b, db, tid);
         Copy::template wait<1>();
         convert_fp8<4, 9>(stage_a, pipe, sa, tid);
         Copy::template wait<0>();
         convert_fp8<0, 4>(stage_b, pipe, sb, tid);
       } else {
         in_release_order([&](unsigned char* stage, const ThreadRows& d, const State& hs, auto half) {
-          load_convert16<decltype(half)::c0, decltype(half)::c1>(stage, d, pipe, hs, tid);
+          load_convert16<kSplit, decltype(half)::c0, decltype(half)::c1>(stage, d, pipe, hs, tid);
         });
       }
     }
   }
 
-  // A thread's source addresses for the tile: its 16-byte column of each of its tokens (a
-  // valid address also past the piece, where the copies read nothing and zero-fill).
+  // A thread's source addresses for the tile: its 16-byte column of each of its tokens, in
+  // the latent row (all nine chunks of a joined cache; chunks 0-7 with a separate rotary
+  // cache) and in the rotary row (kSplit: chunk 8); a valid address also past the piece,
+  // where the copies read nothing and zero-fill.
   struct ThreadRows {
     const unsigned char* src[4];
+    const unsigned char* rope[4];
     std::uint32_t bytes[4];  // 16, or 0 past the piece
   };
-  __device__ ThreadRows thread_rows(const unsigned char* const (&src)[4], int tid) const {
+  template <bool kSplit>
+  __device__ ThreadRows thread_rows(const unsigned char* const (&src)[4],
+                                    const unsigned char* const (&rope)[4], int tid) const {
     const int col = (tid % (raw_fp8() ? 4 : 8)) * 16;
+    const unsigned char* kv = static_cast<const unsigned char*>(ctx.p.a.kv);
     ThreadRows d;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const bool valid = src[k] != nullptr;
-      d.src[k] = (valid ? src[k] : static_cast<const unsigned char*>(ctx.p.a.kv)) + col;
+      d.src[k] = (valid ? src[k] : kv) + col;
+      if constexpr (kSplit) d.rope[k] = (valid ? rope[k] : kv) + col;
       d.bytes[k] = valid ? 16u : 0u;
     }
     return d;
+  }
+  // This thread's source in chunk c (64 values) of token k: kSplit, the rotary row for
+  // chunk 8.
+  template <bool kSplit>
+  __device__ static const unsigned char* chunk_src(const ThreadRows& d, int k, int c,
+                                                   int chunk_bytes) {
+    if constexpr (kSplit)
+      if (c == kLatentChunks) return d.rope[k];
+    return d.src[k] + c * chunk_bytes;
   }
 
   // KV of the compute type, chunks [C0, C1): 8 threads per token (128 contiguous bytes per
@@ -272,7 +302,7 @@ struct WsMainloop {
   // memory system, limited the ring when every copy recomputed its addresses). Each chunk's
   // barrier is arrived on by the copy unit once the chunk (and every earlier copy of this
   // thread) has landed.
-  template <int C0, int C1>
+  template <bool kSplit, int C0, int C1>
   __device__ void load_direct(unsigned char* stage, const ThreadRows& d, const Pipeline& pipe,
                               const State& st, int tid) const {
     const int sub = tid % 8, r0 = tid / 8;
@@ -281,7 +311,7 @@ struct WsMainloop {
     for (int c = C0; c < C1; ++c) {
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        Copy::copy16(dst + c * kChunkBytes + k * 2048, d.src[k] + c * 128, d.bytes[k]);
+        Copy::copy16(dst + c * kChunkBytes + k * 2048, chunk_src<kSplit>(d, k, c, 128), d.bytes[k]);
       pipe.producer_commit_cp_async(st, c);
     }
   }
@@ -290,15 +320,15 @@ struct WsMainloop {
   // (4 threads per token, 64 contiguous bytes per copy instruction), laid out as
   // [chunk][token][64 B]; thread tid copies the 16 bytes at tid * 16 + 2048 pass of each raw
   // chunk, and later converts exactly those bytes.
-  template <int C0, int C1>
+  template <bool kSplit, int C0, int C1>
   __device__ void copy_raw(unsigned char* stage, const ThreadRows& d, int tid) const {
     const std::uint32_t raw = smem_u32(stage) + kRawBase<C0, C1> + tid * 16;
 #pragma unroll
     for (int pass = 0; pass < 2; ++pass) {
 #pragma unroll
       for (int c = C0; c < C1; ++c)
-        Copy::copy16(raw + (c - C0) * 4096 + pass * 2048, d.src[pass] + c * 64,
-                         d.bytes[pass]);
+        Copy::copy16(raw + (c - C0) * 4096 + pass * 2048, chunk_src<kSplit>(d, pass, c, 64),
+                     d.bytes[pass]);
     }
     Copy::commit();
   }
@@ -403,7 +433,7 @@ struct WsMainloop {
                 "the conversion order above assumes these raw offsets");
 
   // 16-bit KV of the other type, chunks [C0, C1): load, convert, store, chunk by chunk.
-  template <int C0, int C1>
+  template <bool kSplit, int C0, int C1>
   __device__ void load_convert16(unsigned char* stage, const ThreadRows& d, const Pipeline& pipe,
                                  const State& st, int tid) const {
 #pragma unroll 1
@@ -412,9 +442,9 @@ struct WsMainloop {
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const int tok = tid / 8 + 16 * k;
-        // d.src[k] already points at this thread's 16-byte column of chunk 0.
+        // d.src[k] and d.rope[k] already point at this thread's 16-byte column.
         const uint4 raw = d.bytes[k] != 0u
-                              ? __ldg(reinterpret_cast<const uint4*>(d.src[k] + 128 * c))
+                              ? __ldg(reinterpret_cast<const uint4*>(chunk_src<kSplit>(d, k, c, 128)))
                               : uint4{0, 0, 0, 0};
         *reinterpret_cast<uint4*>(stage + Tile::unit_offset(tok, unit)) =
             arch::convert_16x8<T>(ctx.kv, raw);

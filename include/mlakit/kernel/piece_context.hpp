@@ -79,20 +79,26 @@ struct PieceContext {
     }
   }
 
-  // Byte address of row `in_page` of page `page`.
+  // Byte address of row `in_page` of page `page`: its 512 latent values.
   __device__ const unsigned char* page_row(std::int64_t page, int in_page) const {
     const DecodeArgs& a = p.a;
     return static_cast<const unsigned char*>(a.kv) +
            (page * a.kv_stride_page + std::int64_t(in_page) * a.kv_stride_token) * kv_bytes;
   }
-  // Byte address of KV token j of request b (j < the request's clamped length).
-  __device__ const unsigned char* kv_row(int j) const {
+  // Byte address of the rotary values of row `in_page` of page `page` (the kernel arguments
+  // went through resolve_rope_part(): for a joined cache, page_row + 512 values).
+  __device__ const unsigned char* rope_row(std::int64_t page, int in_page) const {
+    const DecodeArgs& a = p.a;
+    return static_cast<const unsigned char*>(a.kv_rope) +
+           (page * a.kv_rope_stride_page + std::int64_t(in_page) * a.kv_rope_stride_token) *
+               kv_bytes;
+  }
+  // The page of KV token j of request b (j < the request's clamped length).
+  __device__ std::int64_t page_of(int j) const {
     const DecodeArgs& a = p.a;
     const int page_idx = j / a.page_size;
-    const std::int64_t page = a.page_ids == PageIds::block_table
-                                  ? a.block_table[b * a.block_table_stride + page_idx]
-                                  : a.kv_indices[a.kv_indptr[b] + page_idx];
-    return page_row(page, j - page_idx * a.page_size);
+    return a.page_ids == PageIds::block_table ? a.block_table[b * a.block_table_stride + page_idx]
+                                              : a.kv_indices[a.kv_indptr[b] + page_idx];
   }
 
   // Q rows [row0, row0 + R) in the Q type (rows past `rows` zero-filled) by cp.async: 16-byte

@@ -51,13 +51,14 @@ inline double load_q(const DecodeArgs& a, std::int64_t i) {
   return a.q_type == DType::bf16 ? decode_bf16(bits) : decode_fp16(bits);
 }
 
-// One cache element, decoded and multiplied by kv_scale (which applies to every KV dtype).
-inline double load_kv(const DecodeArgs& a, std::int64_t i) {
+// Element i of a cache tensor (kv or kv_rope), decoded and multiplied by kv_scale (which
+// applies to every KV dtype).
+inline double load_kv(const DecodeArgs& a, const void* base, std::int64_t i) {
   double v;
   if (is_fp8(a.kv_type)) {
-    v = decode_fp8(a.kv_type, static_cast<const std::uint8_t*>(a.kv)[i]);
+    v = decode_fp8(a.kv_type, static_cast<const std::uint8_t*>(base)[i]);
   } else {
-    const std::uint16_t bits = static_cast<const std::uint16_t*>(a.kv)[i];
+    const std::uint16_t bits = static_cast<const std::uint16_t*>(base)[i];
     v = a.kv_type == DType::bf16 ? decode_bf16(bits) : decode_fp16(bits);
   }
   return v * double(a.kv_scale);
@@ -66,11 +67,17 @@ inline double load_kv(const DecodeArgs& a, std::int64_t i) {
 // keys: [end - begin, 576], token j of request b at row j - begin. Needs begin <= end <= L.
 inline void gather_keys(const DecodeArgs& a, int b, int begin, int end, std::vector<double>* keys) {
   keys->assign(std::size_t(end - begin) * kHeadDimQK, 0.0);
+  // Latent values from kv; rotary values from kv_rope, or from columns 512.. of kv's rows.
+  const bool split_cache = a.kv_rope != nullptr;
   for (int j = begin; j < end; ++j) {
-    const std::int64_t row = page_id(a, b, j / a.page_size) * a.kv_stride_page +
-                             std::int64_t(j % a.page_size) * a.kv_stride_token;
+    const std::int64_t page = page_id(a, b, j / a.page_size), slot = j % a.page_size;
+    const std::int64_t row = page * a.kv_stride_page + slot * a.kv_stride_token;
     double* dst = keys->data() + std::size_t(j - begin) * kHeadDimQK;
-    for (int d = 0; d < kHeadDimQK; ++d) dst[d] = load_kv(a, row + d);
+    for (int d = 0; d < kHeadDimV; ++d) dst[d] = load_kv(a, a.kv, row + d);
+    const std::int64_t rope_row =
+        split_cache ? page * a.kv_rope_stride_page + slot * a.kv_rope_stride_token : row + kHeadDimV;
+    for (int d = kHeadDimV; d < kHeadDimQK; ++d)
+      dst[d] = load_kv(a, split_cache ? a.kv_rope : a.kv, rope_row + d - kHeadDimV);
   }
 }
 

@@ -57,7 +57,15 @@ struct KtChunkRingForm : KtSoftmax<Tr, typename Tr::Tq, 2> {
   // ---- producer ------------------------------------------------------------------------------
   // Tile i of the range into ring positions st .. st + 8: chunk c (copies 2 c and 2 c + 1 of
   // each token) goes to ring position c after st, as soon as that slot is released.
+  // The rotary values come from a separate cache only where the caller gave one.
   __device__ void produce(const Range& r, State& st) const {
+    if (ctx.p.split_cache)
+      produce_tiles<true>(r, st);
+    else
+      produce_tiles<false>(r, st);
+  }
+  template <bool kSplit>
+  __device__ void produce_tiles(const Range& r, State& st) const {
     if (r.n_tiles == 0) return;
     const Pipeline pipe{state.bars};
     const int pl = static_cast<int>(threadIdx.x) - kConsumerThreads;
@@ -72,9 +80,9 @@ struct KtChunkRingForm : KtSoftmax<Tr, typename Tr::Tq, 2> {
     this->fetch_pages(table, r.kv_begin, last, pl, id);
     for (int i = 0; i < r.n_tiles; ++i) {
       const int kt = r.kv_begin + 64 * i;
-      const unsigned char* src[kTok];
+      const unsigned char *src[kTok], *rope[kTok] = {};
       std::uint32_t bytes[kTok];
-      this->token_sources(r, kt, r0, sub, id, src, bytes);
+      this->template token_sources<kSplit>(r, kt, r0, sub, id, src, rope, bytes);
       if (i + 1 < r.n_tiles) this->fetch_pages(table, kt + 64, last, pl, id);  // in flight
       const std::uint32_t ring = smem_u32(tiles.kv[0]);
       const auto acquire = [&](int c) {  // the slot of chunk c, once released; its address
@@ -85,8 +93,8 @@ struct KtChunkRingForm : KtSoftmax<Tr, typename Tr::Tq, 2> {
       const auto copy_chunk = [&](std::uint32_t slot, int c, int k) {  // chunk c of token k
 #pragma unroll
         for (int e = 0; e < 2; ++e)
-          Copy::copy16(slot + (e ? dst1 : dst0) + k * kTokStride * 128, src[k] + 64 * (2 * c + e),
-                       bytes[k]);
+          Copy::copy16(slot + (e ? dst1 : dst0) + k * kTokStride * 128,
+                       this->template copy_src<kSplit>(src[k], rope[k], 2 * c + e), bytes[k]);
       };
       if constexpr (Cfg::kRowCopies) {
         // All nine slots first, then each token row whole (18 copies in address order).

@@ -124,20 +124,35 @@ struct KtCommon {
       id[k] = __ldg(table + j / ctx.p.a.page_size);
     }
   }
-  // The source of the lane's first copy of each of its tokens (lane row r0, unit sub) of the
-  // tile at kt, and the bytes it copies: 0 past the range's end (the copy fills zeros).
+  // The sources of the lane's first copy of each of its tokens (lane row r0, unit sub) of the
+  // tile at kt, in the latent row (src) and (kSplit: a separate cache's) rotary row (rope), and
+  // the bytes it copies: 0 past the range's end (the copy fills zeros).
+  template <bool kSplit>
   __device__ void token_sources(const Range& r, int kt, int r0, int sub, const int (&id)[kTok],
                                 const unsigned char* (&src)[kTok],
+                                const unsigned char* (&rope)[kTok],
                                 std::uint32_t (&bytes)[kTok]) const {
+    const unsigned char* kv = static_cast<const unsigned char*>(ctx.p.a.kv);
 #pragma unroll
     for (int k = 0; k < kTok; ++k) {
       const int j = kt + r0 + kTokStride * k;
       const bool valid = j < r.kv_end;
-      src[k] = (valid ? ctx.page_row(id[k], j % ctx.p.a.page_size)
-                      : static_cast<const unsigned char*>(ctx.p.a.kv)) +
-               16 * sub;
+      src[k] = (valid ? ctx.page_row(id[k], j % ctx.p.a.page_size) : kv) + 16 * sub;
+      if constexpr (kSplit)
+        rope[k] = (valid ? ctx.rope_row(id[k], j % ctx.p.a.page_size) : kv) + 16 * sub;
       bytes[k] = valid ? 16u : 0u;
     }
+  }
+  // The source of copy u (bytes [64 u, 64 u + 64) of the token's 576 values) from the lane's
+  // latent and (kSplit) rotary sources. A joined cache keeps one source per token: the
+  // producer lanes' registers allow no more.
+  static constexpr int kLatentBytes = kHeadDimV * kKvBytes;
+  template <bool kSplit>
+  __device__ static const unsigned char* copy_src(const unsigned char* src,
+                                                  const unsigned char* rope, int u) {
+    if constexpr (kSplit)
+      if (64 * u >= kLatentBytes) return rope + (64 * u - kLatentBytes);
+    return src + 64 * u;
   }
 };
 

@@ -75,7 +75,15 @@ struct KtRawFp8Form : KtSoftmax<Tr, fp16_t, 1> {
   // ---- producer ------------------------------------------------------------------------------
   // Tile i of the range into ring stage st (a stage per tile): each lane's tokens are copied
   // whole (kCopies units of 16 bytes), rows past the range's end as zeros.
+  // The rotary values come from a separate cache only where the caller gave one.
   __device__ void produce(const Range& r, State& st) const {
+    if (ctx.p.split_cache)
+      produce_tiles<true>(r, st);
+    else
+      produce_tiles<false>(r, st);
+  }
+  template <bool kSplit>
+  __device__ void produce_tiles(const Range& r, State& st) const {
     if (r.n_tiles == 0) return;
     const Pipeline pipe{state.bars};
     const int pl = static_cast<int>(threadIdx.x) - kConsumerThreads;
@@ -88,9 +96,9 @@ struct KtRawFp8Form : KtSoftmax<Tr, fp16_t, 1> {
     this->fetch_pages(table, r.kv_begin, last, pl, id);
     for (int i = 0; i < r.n_tiles; ++i) {
       const int kt = r.kv_begin + 64 * i;
-      const unsigned char* src[kTok];
+      const unsigned char *src[kTok], *rope[kTok] = {};
       std::uint32_t bytes[kTok];
-      this->token_sources(r, kt, r0, sub, id, src, bytes);
+      this->template token_sources<kSplit>(r, kt, r0, sub, id, src, rope, bytes);
       if (i + 1 < r.n_tiles) this->fetch_pages(table, kt + 64, last, pl, id);  // in flight
       pipe.producer_acquire(st, 0);
       const std::uint32_t dst = smem_u32(tiles.kv[st.stage()]) + dst0;
@@ -98,7 +106,8 @@ struct KtRawFp8Form : KtSoftmax<Tr, fp16_t, 1> {
       for (int k = 0; k < kTok; ++k) {
 #pragma unroll
         for (int c = 0; c < kCopies; ++c)
-          Copy::copy16(dst + k * kTokStride * kHeadDimQK + 64 * c, src[k] + 64 * c, bytes[k]);
+          Copy::copy16(dst + k * kTokStride * kHeadDimQK + 64 * c,
+                       this->template copy_src<kSplit>(src[k], rope[k], c), bytes[k]);
       }
       pipe.producer_commit_cp_async(st, 0);
       st.advance();
