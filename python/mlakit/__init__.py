@@ -118,7 +118,8 @@ def join_latent_cache(ckv_cache, kpe_cache):
     if not _adjacent(ckv_cache, kpe_cache, HEAD_DIM_V):
         raise ArgumentError("ckv_cache and kpe_cache are not the two parts of one cache row: mlakit reads "
                             "576-wide rows (512 latent then 64 rotary values), so kpe_cache must start 512 "
-                            "elements after ckv_cache with the same strides (kv[..., :512], kv[..., 512:])")
+                            "elements after ckv_cache with the same strides (kv[..., :512], kv[..., 512:]); "
+                            "pass two separate tensors to decode() as kv_cache and kv_rope instead")
     return ckv_cache.as_strided(tuple(ckv_cache.shape[:-1]) + (HEAD_DIM_QK,), ckv_cache.stride(),
                                 ckv_cache.storage_offset())
 

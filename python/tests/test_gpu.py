@@ -40,7 +40,7 @@ def run(case, kind="table", **kw):
                          softmax_scale=kw.pop("softmax_scale", SCALE), return_lse=True, **kw)
 
 
-def check(case, out, lse, kind="table", causal=True, kv_scale=1.0, softmax_scale=SCALE):
+def check(case, out, lse, kind="table", causal=True, kv_scale=1.0, softmax_scale=SCALE, lse_tol=LSE_TOL):
     torch.cuda.synchronize()
     ref_out, ref_lse = reference(case, kind, softmax_scale=softmax_scale, kv_scale=kv_scale, causal=causal)
     seen = torch.isfinite(ref_lse)
@@ -52,7 +52,7 @@ def check(case, out, lse, kind="table", causal=True, kv_scale=1.0, softmax_scale
         err = rel_l2(out[seen].float(), ref_out[seen])
         assert err < O_TOL[out.dtype], f"O relative L2 error {err:.3g}"
         lse_err = (lse[seen] - ref_lse[seen]).abs().max().item()
-        assert lse_err < LSE_TOL, f"LSE max abs error {lse_err:.3g}"
+        assert lse_err < lse_tol, f"LSE max abs error {lse_err:.3g}"
 
 
 @pytest.mark.parametrize("page_size", [1, 64])
@@ -338,7 +338,9 @@ def test_separate_rope_cache_equals_joined_bitwise(q_len, heads, kv_dtype, page_
                   kv_scale=kv_scale, split=split, num_splits=num_splits, out=out2, lse=lse2, kv_rope=rope)
     torch.cuda.synchronize()
     assert torch.equal(out2, out) and torch.equal(lse2, lse)
-    check(case, out2, lse2, kv_scale=kv_scale)
+    # A 16-bit cache of the other type is rounded to Q's type: 5e-3, as the C++ suite allows.
+    converted = kv_dtype not in F8 and kv_dtype != q_dtype
+    check(case, out2, lse2, kv_scale=kv_scale, lse_tol=5e-3 if converted else LSE_TOL)
 
 
 def test_separate_rope_cache_is_read():
