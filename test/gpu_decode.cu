@@ -237,6 +237,18 @@ TEST_CASE("a separate rotary cache (kv_rope) in every kernel family", "[gpu]") {
     c.seed = 2500 + i++;
     check_case(c);
   }
+  // A joined instantiation launched directly names kv_rope instead of reading columns 512..
+  Case c = crash_shape();
+  c.kv_type = DType::fp16;
+  c.split_cache = true;
+  TestProblem P;
+  build(P, c);
+  REQUIRE(P.ok);
+  DeviceBuffer ws(workspace_for(P.dev));
+  const Status s = Decode<Problem<bf16_t, kv_any_t>>::launch(P.dev, ws.ptr, ws.bytes, nullptr);
+  INFO(s.message());
+  CHECK(s.code() == StatusCode::invalid_argument);
+  CHECK(s.message().rfind("kv_rope = non-null:", 0) == 0);
 }
 
 TEST_CASE("self-planned calls leave the planner's plan in the workspace", "[gpu]") {

@@ -298,8 +298,7 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   KernelArgs k;
   k.a = a;
   k.a.block_table_stride = block_table_row_stride(a);  // 0 (packed) resolved for the kernel
-  k.split_cache = a.kv_rope != nullptr ? 1 : 0;
-  resolve_rope_part(k.a);
+  resolve_rope_part(k.a);  // split instantiations read the rotary values through kv_rope
   k.shape = shape;
   k.ws = workspace_view(workspace, wl, rows_padded);
   k.scale_log2 = a.softmax_scale * a.kv_scale * kLog2e;
@@ -368,6 +367,10 @@ struct Decode {
     if (Problem::kCausal != Causal::dynamic && a.causal != (Problem::kCausal == Causal::on))
       return detail::bad_arg("causal", a.causal ? "true" : "false",
                              "this instantiation expects the other value");
+    if (!Problem::kSplitCache && a.kv_rope != nullptr)
+      return detail::bad_arg("kv_rope", "non-null",
+                             "this instantiation reads 576-value kv rows: a separate rotary "
+                             "cache needs Problem<..., CacheForm::split>");
     return Status::ok();
   }
 
@@ -389,6 +392,13 @@ struct Decode {
   // before anything is launched or any kernel attribute is set.
   static Status launch_with(const DecodeArgs& a, const DeviceInfo& dev, void* workspace,
                             std::size_t workspace_size, Stream stream) {
+    if constexpr (!Problem::kSplitCache) {
+      // The joined kernels would read the rotary values from kv's rows.
+      if (a.kv_rope != nullptr)
+        return detail::bad_arg("kv_rope", "non-null",
+                               "this instantiation reads 576-value kv rows: a separate rotary "
+                               "cache needs Problem<..., CacheForm::split>");
+    }
     if constexpr (!Problem::kv_is_fixed && arch::kAnyKvForwardsFp8) {
       // Same rows, policies and workspace: only the KV conversion is fixed. That launch_with
       // makes the device checks below.

@@ -38,6 +38,16 @@ using TableBf16E4m3fn = Problem<bf16_t, fp8_e4m3fn_t>;
 using TableFp16E4m3fn = Problem<fp16_t, fp8_e4m3fn_t>;
 using TableBf16E4m3fnuz = Problem<bf16_t, fp8_e4m3fnuz_t>;
 using TableFp16E4m3fnuz = Problem<fp16_t, fp8_e4m3fnuz_t>;
+// A separate rotary cache (DecodeArgs::kv_rope): the table's entries in their split form (no
+// hot shapes: the joined cache is the fast form).
+using SplitBf16Bf16 = WithCacheForm<TableBf16Bf16, CacheForm::split>;
+using SplitBf16Any = WithCacheForm<TableBf16Any, CacheForm::split>;
+using SplitFp16Fp16 = WithCacheForm<TableFp16Fp16, CacheForm::split>;
+using SplitFp16Any = WithCacheForm<TableFp16Any, CacheForm::split>;
+using SplitBf16E4m3fn = WithCacheForm<TableBf16E4m3fn, CacheForm::split>;
+using SplitFp16E4m3fn = WithCacheForm<TableFp16E4m3fn, CacheForm::split>;
+using SplitBf16E4m3fnuz = WithCacheForm<TableBf16E4m3fnuz, CacheForm::split>;
+using SplitFp16E4m3fnuz = WithCacheForm<TableFp16E4m3fnuz, CacheForm::split>;
 
 // One entry of the dispatch table. launch() is defined below the class, so it is not an inline
 // function and an `extern template` declaration does suppress its implicit instantiation.
@@ -65,14 +75,17 @@ Status DispatchEntry<P>::launch(const DecodeArgs& a, const DeviceInfo& dev, void
   X(HotFp8<2>) X(HotFp8<4>) X(HotFp8<8>) X(HotBf16<1>) X(HotBf16<2>) X(HotBf16<4>) X(HotBf16<8>)
 #endif
 #if defined(MLAKIT_HAS_CDNA_KERNELS)
-#define MLAKIT_DETAIL_FP8_ENTRIES(X) \
-  X(TableBf16E4m3fn) X(TableFp16E4m3fn) X(TableBf16E4m3fnuz) X(TableFp16E4m3fnuz)
+#define MLAKIT_DETAIL_FP8_ENTRIES(X)                                                     \
+  X(TableBf16E4m3fn) X(TableFp16E4m3fn) X(TableBf16E4m3fnuz) X(TableFp16E4m3fnuz)        \
+  X(SplitBf16E4m3fn) X(SplitFp16E4m3fn) X(SplitBf16E4m3fnuz) X(SplitFp16E4m3fnuz)
 #else
-#define MLAKIT_DETAIL_FP8_ENTRIES(X) X(TableBf16E4m3fn) X(TableFp16E4m3fn)
+#define MLAKIT_DETAIL_FP8_ENTRIES(X) \
+  X(TableBf16E4m3fn) X(TableFp16E4m3fn) X(SplitBf16E4m3fn) X(SplitFp16E4m3fn)
 #endif
-#define MLAKIT_DETAIL_DISPATCH_ENTRIES(X) \
-  MLAKIT_DETAIL_HOT_ENTRIES(X)            \
-  X(TableBf16Bf16) X(TableBf16Any) X(TableFp16Fp16) X(TableFp16Any) MLAKIT_DETAIL_FP8_ENTRIES(X)
+#define MLAKIT_DETAIL_DISPATCH_ENTRIES(X)                                                     \
+  MLAKIT_DETAIL_HOT_ENTRIES(X)                                                                \
+  X(TableBf16Bf16) X(TableBf16Any) X(TableFp16Fp16) X(TableFp16Any) X(SplitBf16Bf16)          \
+  X(SplitBf16Any) X(SplitFp16Fp16) X(SplitFp16Any) MLAKIT_DETAIL_FP8_ENTRIES(X)
 
 #if defined(MLAKIT_EXTERN_DISPATCH)
 namespace detail {
@@ -92,8 +105,35 @@ inline Status launch_hot(const DecodeArgs& a, const DeviceInfo& dev, void* ws, s
              : DispatchEntry<HotBf16<QLen>>::launch(a, dev, ws, bytes, stream);
 }
 
+// The table entry (P in cache form F) for the call's types.
+template <CacheForm F>
+inline Status launch_table(const DecodeArgs& a, const DeviceInfo& dev, void* ws,
+                           std::size_t bytes, Stream stream) {
+  if (a.q_type == DType::bf16) {
+    if (a.kv_type == DType::bf16)
+      return DispatchEntry<WithCacheForm<TableBf16Bf16, F>>::launch(a, dev, ws, bytes, stream);
+    if (a.kv_type == DType::fp8_e4m3fn)
+      return DispatchEntry<WithCacheForm<TableBf16E4m3fn, F>>::launch(a, dev, ws, bytes, stream);
+#if defined(MLAKIT_HAS_CDNA_KERNELS)
+    if (a.kv_type == DType::fp8_e4m3fnuz)
+      return DispatchEntry<WithCacheForm<TableBf16E4m3fnuz, F>>::launch(a, dev, ws, bytes, stream);
+#endif
+    return DispatchEntry<WithCacheForm<TableBf16Any, F>>::launch(a, dev, ws, bytes, stream);
+  }
+  if (a.kv_type == DType::fp16)
+    return DispatchEntry<WithCacheForm<TableFp16Fp16, F>>::launch(a, dev, ws, bytes, stream);
+  if (a.kv_type == DType::fp8_e4m3fn)
+    return DispatchEntry<WithCacheForm<TableFp16E4m3fn, F>>::launch(a, dev, ws, bytes, stream);
+#if defined(MLAKIT_HAS_CDNA_KERNELS)
+  if (a.kv_type == DType::fp8_e4m3fnuz)
+    return DispatchEntry<WithCacheForm<TableFp16E4m3fnuz, F>>::launch(a, dev, ws, bytes, stream);
+#endif
+  return DispatchEntry<WithCacheForm<TableFp16Any, F>>::launch(a, dev, ws, bytes, stream);
+}
+
 inline Status dispatch(const DecodeArgs& a, const DeviceInfo& dev, void* ws, std::size_t bytes,
                        Stream stream) {
+  if (a.kv_rope != nullptr) return launch_table<CacheForm::split>(a, dev, ws, bytes, stream);
 #if !defined(MLAKIT_NO_HOT_SHAPES)
   if (a.q_type == DType::bf16 && a.num_heads == 16 && a.causal &&
       (a.kv_type == DType::fp8_e4m3fn || a.kv_type == DType::bf16)) {
@@ -111,26 +151,7 @@ inline Status dispatch(const DecodeArgs& a, const DeviceInfo& dev, void* ws, std
     }
   }
 #endif
-  if (a.q_type == DType::bf16) {
-    if (a.kv_type == DType::bf16)
-      return DispatchEntry<TableBf16Bf16>::launch(a, dev, ws, bytes, stream);
-    if (a.kv_type == DType::fp8_e4m3fn)
-      return DispatchEntry<TableBf16E4m3fn>::launch(a, dev, ws, bytes, stream);
-#if defined(MLAKIT_HAS_CDNA_KERNELS)
-    if (a.kv_type == DType::fp8_e4m3fnuz)
-      return DispatchEntry<TableBf16E4m3fnuz>::launch(a, dev, ws, bytes, stream);
-#endif
-    return DispatchEntry<TableBf16Any>::launch(a, dev, ws, bytes, stream);
-  }
-  if (a.kv_type == DType::fp16)
-    return DispatchEntry<TableFp16Fp16>::launch(a, dev, ws, bytes, stream);
-  if (a.kv_type == DType::fp8_e4m3fn)
-    return DispatchEntry<TableFp16E4m3fn>::launch(a, dev, ws, bytes, stream);
-#if defined(MLAKIT_HAS_CDNA_KERNELS)
-  if (a.kv_type == DType::fp8_e4m3fnuz)
-    return DispatchEntry<TableFp16E4m3fnuz>::launch(a, dev, ws, bytes, stream);
-#endif
-  return DispatchEntry<TableFp16Any>::launch(a, dev, ws, bytes, stream);
+  return launch_table<CacheForm::joined>(a, dev, ws, bytes, stream);
 }
 
 }  // namespace detail

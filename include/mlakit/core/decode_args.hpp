@@ -77,13 +77,6 @@ struct DecodeArgs {
   // dequantisation scale of an fp8 cache, and for a 16-bit cache 1 (no change) or any other
   // finite value > 0, which then scales K and V alike.
   float kv_scale = 1.0f;
-  // Optional second cache for the 64 rotary values: [num_pages, page_size, 64] in kv_type,
-  // row (page, slot) holding the rotary values of the token whose latent values are kv's row
-  // (page, slot). Null (the default): kv rows hold all 576 values. Given: kv rows need hold
-  // only the 512 latent values (FlashInfer keeps its ckv and kpe caches this way).
-  const void* kv_rope = nullptr;
-  std::int64_t kv_rope_stride_page = 0;
-  std::int64_t kv_rope_stride_token = 0;
 
   // --- page ids ----------------------------------------------------------------------------
   PageIds page_ids = PageIds::block_table;
@@ -120,6 +113,15 @@ struct DecodeArgs {
   SplitMode split_mode = SplitMode::automatic;
   int num_splits = 0;          // SplitMode::fixed only: 1..64
   bool deterministic = false;  // results are bitwise reproducible in every mode; see README
+
+  // --- optional separate rotary cache: [num_pages, page_size, 64] ---------------------------
+  // Row (page, slot) holds, in kv_type, the 64 rotary values of the token whose latent values
+  // are kv's row (page, slot); kv rows then need hold only the 512 latent values (FlashInfer
+  // keeps its ckv and kpe caches this way). Null (the default): kv rows hold all 576 values.
+  // The joined form is the faster one (docs/performance.md, "A separate rotary cache").
+  const void* kv_rope = nullptr;
+  std::int64_t kv_rope_stride_page = 0;
+  std::int64_t kv_rope_stride_token = 0;
 
   // Rows per request, row = t * heads + h: at most 4096 in the domain. Computed in 64 bits and
   // clamped to the int range, so it does not overflow for values outside the domain either.
@@ -168,9 +170,9 @@ inline void set_packed_strides(DecodeArgs& a) {
   a.block_table_stride = 0;
 }
 
-// The rotary part as the kernels read it: kv_rope with its strides, or for a joined cache
-// (kv_rope null) columns 512.. of kv's rows. Every kernel reads latent values from kv and
-// rotary values from kv_rope, so a joined cache is the case kv_rope = kv + 512 elements.
+// The rotary part as the split instantiations (CacheForm::split) read it: kv_rope with its
+// strides, or for a joined cache (kv_rope null) columns 512.. of kv's rows, i.e. kv_rope =
+// kv + 512 elements with kv's strides. The joined instantiations never read kv_rope.
 MLAKIT_HOST_DEVICE inline void resolve_rope_part(DecodeArgs& a) {
   if (a.kv_rope != nullptr) return;
   a.kv_rope_stride_page = a.kv_stride_page;

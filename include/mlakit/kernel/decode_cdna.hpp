@@ -174,18 +174,9 @@ struct CdnaMainloop {
   static constexpr int kMaxChunks = (kTokensPerWave * kRowChunks + 63) / 64;
 
   // Raw 16-byte chunks of tile [kt, kt + 16) that this lane copies (tokens >= kv_end: zero).
-  // The rotary values come from a separate cache only where the caller gave one.
   __device__ __forceinline__ void load_raw(uint4 (&raw)[kMaxChunks], const std::int32_t* table,
                                            int kt, int kv_end) const {
-    if (p.split_cache)
-      load_raw_from<true>(raw, table, kt, kv_end);
-    else
-      load_raw_from<false>(raw, table, kt, kv_end);
-  }
-  template <bool kSplit>
-  __device__ __forceinline__ void load_raw_from(uint4 (&raw)[kMaxChunks],
-                                                const std::int32_t* table, int kt,
-                                                int kv_end) const {
+    constexpr bool kSplit = Tr::Problem::kSplitCache;  // rotary chunks from kv_rope
     const DecodeArgs& a = p.a;
     // Opaque per tile: the chunks' offsets are recomputed here instead of held in registers
     // across the tile loop.

@@ -161,8 +161,8 @@ struct DecodeMainloop : PieceContext<Tr> {
   using Ctx = PieceContext<Tr>;
   using Ctx::b, Ctx::causal, Ctx::heads, Ctx::kv, Ctx::kv_bytes, Ctx::p, Ctx::q_len, Ctx::row0,
       Ctx::row_tile, Ctx::rows;
-  using Ctx::copy_q_rows, Ctx::load_q_scaled, Ctx::o_row, Ctx::page_of, Ctx::page_row,
-      Ctx::page_table, Ctx::rope_row, Ctx::store_lse;
+  using Ctx::copy_q_rows, Ctx::kv_row, Ctx::load_q_scaled, Ctx::o_row, Ctx::page_of,
+      Ctx::page_row, Ctx::page_table, Ctx::rope_row, Ctx::store_lse;
   using T = typename Tr::T;
   using Tq = typename Tr::Tq;
   using Atom = typename Tr::Atom;
@@ -221,29 +221,23 @@ struct DecodeMainloop : PieceContext<Tr> {
   // never read). Direct: into compute stage `stage`; raw staging: into raw stage `stage`;
   // register path: converted into compute stage `stage`. kIdGiven: the caller loaded the
   // page id of this thread's token (page_id_of; one token per thread), else it is looked up.
-  // The rotary values come from a separate cache only where the caller gave one.
   template <bool kIdGiven = false>
   __device__ void load_kv(int kt, int kv_end, int stage, int page_id = 0) const {
-    if (p.split_cache)
-      load_tokens<kIdGiven, true>(kt, kv_end, stage, page_id);
-    else
-      load_tokens<kIdGiven, false>(kt, kv_end, stage, page_id);
-  }
-  template <bool kIdGiven, bool kSplit>
-  __device__ void load_tokens(int kt, int kv_end, int stage, int page_id) const {
     static_assert(!kIdGiven || kTokensPerPass >= Tr::kKvTile, "one token per thread");
+    constexpr bool kSplit = Tr::Problem::kSplitCache;
     const int sub = threadIdx.x % kThreadsPerToken;
     const int row_chunks = kHeadDimQK * kv_bytes / 16;
 #pragma unroll
     for (int tok = threadIdx.x / kThreadsPerToken; tok < Tr::kKvTile; tok += kTokensPerPass) {
       const int j = kt + tok;
       const bool valid = j < kv_end;
-      const unsigned char* src = static_cast<const unsigned char*>(p.a.kv);
+      const unsigned char* src = !valid     ? static_cast<const unsigned char*>(p.a.kv)
+                                 : kIdGiven ? page_row(page_id, j % p.a.page_size)
+                                            : kv_row(j);
       const unsigned char* rope = src;
-      if (valid) {
-        const std::int64_t page = kIdGiven ? std::int64_t(page_id) : page_of(j);
-        src = page_row(page, j % p.a.page_size);
-        if constexpr (kSplit) rope = rope_row(page, j % p.a.page_size);
+      if constexpr (kSplit) {
+        if (valid)
+          rope = rope_row(kIdGiven ? std::int64_t(page_id) : page_of(j), j % p.a.page_size);
       }
       // Chunk ch of the token's 576 values: from its kv row, or (kSplit) the rotary chunks
       // from its kv_rope row.

@@ -41,6 +41,7 @@
 //     scale O and l identically.
 // A piece with an odd number of tiles gets one extra tile of zero-filled tokens, all masked.
 #include <cstdint>
+#include <type_traits>
 
 #include "../arch/convert.hpp"
 #include "../arch/copy_atom.hpp"
@@ -184,17 +185,10 @@ struct WsMainloop {
   // Tiles come in pairs (A in stage 0, B in stage 1), and the halves of a pair are refilled
   // in the order the consumers release them: A-lo, B-hi, A-hi, B-lo (consume_a / consume_b).
   // fp8 KV: each half's raw copies are issued as soon as it is released and converted while
-  // the next half's copies are in flight. The rotary values come from a separate cache only
-  // where the caller gave one (a form of its own: the joined cache's copies keep one source
-  // per token, as the producer's registers allow no more).
+  // the next half's copies are in flight. kSplit (a separate rotary cache): chunk 8 comes from
+  // the rotary rows.
   __device__ void produce(const Range& r, State& st) const {
-    if (ctx.p.split_cache)
-      produce_tiles<true>(r, st);
-    else
-      produce_tiles<false>(r, st);
-  }
-  template <bool kSplit>
-  __device__ void produce_tiles(const Range& r, State& st) const {
+    constexpr bool kSplit = Tr::Problem::kSplitCache;
     if (r.n_pairs == 0) return;
     const Pipeline pipe{state.bars};
     const int tid = static_cast<int>(threadIdx.x) - kConsumerThreads;  // 0..127
@@ -205,11 +199,11 @@ struct WsMainloop {
     fetch_pages(table, r.kv_begin + 64, last, tid, id_b);
     for (int pair = 0; pair < r.n_pairs; ++pair) {
       const int kt = r.kv_begin + 128 * pair;
-      const unsigned char *src[4], *rope[4] = {};
+      const unsigned char *src[4], *rope[4];
       rows_of<kSplit>(kt, r.kv_end, tid, id_a, src, rope);
-      const ThreadRows da = thread_rows<kSplit>(src, rope, tid);
+      const Rows<kSplit> da = thread_rows<kSplit>(src, rope, tid);
       rows_of<kSplit>(kt + 64, r.kv_end, tid, id_b, src, rope);
-      const ThreadRows db = thread_rows<kSplit>(src, rope, tid);
+      const Rows<kSplit> db = thread_rows<kSplit>(src, rope, tid);
       if (pair + 1 < r.n_pairs) {  // in flight while waiting
         fetch_pages(table, kt + 128, last, tid, id_a);
         fetch_pages(table, kt + 192, last, tid, id_b);
@@ -233,7 +227,7 @@ struct WsMainloop {
         fill(stage_b, db, sb, Half<0, 4>{});
       };
       if constexpr (Tr::kDirect) {
-        in_release_order([&](unsigned char* stage, const ThreadRows& d, const State& hs, auto half) {
+        in_release_order([&](unsigned char* stage, const auto& d, const State& hs, auto half) {
           load_direct<kSplit, decltype(half)::c0, decltype(half)::c1>(stage, d, pipe, hs, tid);
         });
       } else if (ctx.kv_bytes == 1) {
@@ -254,7 +248,7 @@ struct WsMainloop {
         Copy::template wait<0>();
         convert_fp8<0, 4>(stage_b, pipe, sb, tid);
       } else {
-        in_release_order([&](unsigned char* stage, const ThreadRows& d, const State& hs, auto half) {
+        in_release_order([&](unsigned char* stage, const auto& d, const State& hs, auto half) {
           load_convert16<kSplit, decltype(half)::c0, decltype(half)::c1>(stage, d, pipe, hs, tid);
         });
       }
@@ -267,20 +261,24 @@ struct WsMainloop {
   // where the copies read nothing and zero-fill.
   struct ThreadRows {
     const unsigned char* src[4];
-    const unsigned char* rope[4];
     std::uint32_t bytes[4];  // 16, or 0 past the piece
   };
+  struct SplitRows : ThreadRows {
+    const unsigned char* rope[4];
+  };
   template <bool kSplit>
-  __device__ ThreadRows thread_rows(const unsigned char* const (&src)[4],
-                                    const unsigned char* const (&rope)[4], int tid) const {
+  using Rows = std::conditional_t<kSplit, SplitRows, ThreadRows>;
+  template <bool kSplit>
+  __device__ Rows<kSplit> thread_rows(const unsigned char* const (&src)[4],
+                                      const unsigned char* const (&rope)[4], int tid) const {
     const int col = (tid % (raw_fp8() ? 4 : 8)) * 16;
-    const unsigned char* kv = static_cast<const unsigned char*>(ctx.p.a.kv);
-    ThreadRows d;
+    Rows<kSplit> d;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const bool valid = src[k] != nullptr;
-      d.src[k] = (valid ? src[k] : kv) + col;
-      if constexpr (kSplit) d.rope[k] = (valid ? rope[k] : kv) + col;
+      d.src[k] = (valid ? src[k] : static_cast<const unsigned char*>(ctx.p.a.kv)) + col;
+      if constexpr (kSplit)
+        d.rope[k] = (valid ? rope[k] : static_cast<const unsigned char*>(ctx.p.a.kv)) + col;
       d.bytes[k] = valid ? 16u : 0u;
     }
     return d;
@@ -288,7 +286,7 @@ struct WsMainloop {
   // This thread's source in chunk c (64 values) of token k: kSplit, the rotary row for
   // chunk 8.
   template <bool kSplit>
-  __device__ static const unsigned char* chunk_src(const ThreadRows& d, int k, int c,
+  __device__ static const unsigned char* chunk_src(const Rows<kSplit>& d, int k, int c,
                                                    int chunk_bytes) {
     if constexpr (kSplit)
       if (c == kLatentChunks) return d.rope[k];
@@ -303,7 +301,7 @@ struct WsMainloop {
   // barrier is arrived on by the copy unit once the chunk (and every earlier copy of this
   // thread) has landed.
   template <bool kSplit, int C0, int C1>
-  __device__ void load_direct(unsigned char* stage, const ThreadRows& d, const Pipeline& pipe,
+  __device__ void load_direct(unsigned char* stage, const Rows<kSplit>& d, const Pipeline& pipe,
                               const State& st, int tid) const {
     const int sub = tid % 8, r0 = tid / 8;
     const std::uint32_t dst = smem_u32(stage) + r0 * 128 + ((sub ^ (r0 & 7)) << 4);
@@ -321,7 +319,7 @@ struct WsMainloop {
   // [chunk][token][64 B]; thread tid copies the 16 bytes at tid * 16 + 2048 pass of each raw
   // chunk, and later converts exactly those bytes.
   template <bool kSplit, int C0, int C1>
-  __device__ void copy_raw(unsigned char* stage, const ThreadRows& d, int tid) const {
+  __device__ void copy_raw(unsigned char* stage, const Rows<kSplit>& d, int tid) const {
     const std::uint32_t raw = smem_u32(stage) + kRawBase<C0, C1> + tid * 16;
 #pragma unroll
     for (int pass = 0; pass < 2; ++pass) {
@@ -434,7 +432,7 @@ struct WsMainloop {
 
   // 16-bit KV of the other type, chunks [C0, C1): load, convert, store, chunk by chunk.
   template <bool kSplit, int C0, int C1>
-  __device__ void load_convert16(unsigned char* stage, const ThreadRows& d, const Pipeline& pipe,
+  __device__ void load_convert16(unsigned char* stage, const Rows<kSplit>& d, const Pipeline& pipe,
                                  const State& st, int tid) const {
 #pragma unroll 1
     for (int c = C0; c < C1; ++c) {

@@ -100,6 +100,15 @@ struct PieceContext {
     return a.page_ids == PageIds::block_table ? a.block_table[b * a.block_table_stride + page_idx]
                                               : a.kv_indices[a.kv_indptr[b] + page_idx];
   }
+  // Byte address of KV token j of request b (j < the request's clamped length).
+  __device__ const unsigned char* kv_row(int j) const {
+    const DecodeArgs& a = p.a;
+    const int page_idx = j / a.page_size;
+    const std::int64_t page = a.page_ids == PageIds::block_table
+                                  ? a.block_table[b * a.block_table_stride + page_idx]
+                                  : a.kv_indices[a.kv_indptr[b] + page_idx];
+    return page_row(page, j - page_idx * a.page_size);
+  }
 
   // Q rows [row0, row0 + R) in the Q type (rows past `rows` zero-filled) by cp.async: 16-byte
   // unit u (dims 8 u ..) of row r to q + unit_offset(r, u) bytes; `Threads` threads take part,

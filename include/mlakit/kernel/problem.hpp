@@ -14,8 +14,13 @@ struct kv_any_t {};
 
 enum class Causal : int { off = 0, on = 1, dynamic = 2 };
 
+// Where the kernels read each row's 64 rotary values: columns 512.. of the kv row (joined, the
+// fast form: one source address per token) or a cache of their own, DecodeArgs::kv_rope
+// (split: two per token). decode() sends calls with kv_rope to the split instantiations.
+enum class CacheForm : int { joined = 0, split = 1 };
+
 template <class QType, class KvType = kv_any_t, int Heads = 0, int QLen = 0,
-          Causal CausalMode = Causal::dynamic>
+          Causal CausalMode = Causal::dynamic, CacheForm Form = CacheForm::joined>
 struct Problem {
   static_assert(std::is_same_v<QType, bf16_t> || std::is_same_v<QType, fp16_t>,
                 "Q/O type must be bf16_t or fp16_t");
@@ -26,6 +31,8 @@ struct Problem {
   static constexpr int kHeads = Heads;
   static constexpr int kQLen = QLen;
   static constexpr Causal kCausal = CausalMode;
+  static constexpr CacheForm kCacheForm = Form;
+  static constexpr bool kSplitCache = Form == CacheForm::split;
   // KV already in the compute type: copied straight into the tiles the matrix atom reads.
   static constexpr bool kDirectKv = std::is_same_v<QType, KvType>;
   // Rows per request when both are fixed, else 0.
@@ -39,7 +46,11 @@ struct Problem {
 namespace detail {
 // Problem P with its KV type fixed to KvType (the rest unchanged).
 template <class P, class KvType>
-using WithKv = Problem<typename P::q_type, KvType, P::kHeads, P::kQLen, P::kCausal>;
+using WithKv = Problem<typename P::q_type, KvType, P::kHeads, P::kQLen, P::kCausal, P::kCacheForm>;
+// Problem P in cache form F (the rest unchanged).
+template <class P, CacheForm F>
+using WithCacheForm =
+    Problem<typename P::q_type, typename P::kv_type, P::kHeads, P::kQLen, P::kCausal, F>;
 
 template <class T>
 struct KvDTypeOf {

@@ -63,9 +63,6 @@ struct KernelArgs {
   float scale_log2;  // softmax_scale * kv_scale * log2(e): S in base-2 units
   float out_scale;   // kv_scale, applied to P V once at the end
   int self_plan = 0;  // 1: the decode kernel computes the plan itself (no planner launch)
-  // 1: the rotary values are in a separate cache (DecodeArgs::kv_rope given by the caller);
-  // 0: columns 512.. of kv's rows (a.kv_rope then points there, resolve_rope_part()).
-  int split_cache = 0;
 };
 
 }  // namespace mlakit::detail

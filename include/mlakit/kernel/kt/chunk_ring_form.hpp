@@ -57,15 +57,8 @@ struct KtChunkRingForm : KtSoftmax<Tr, typename Tr::Tq, 2> {
   // ---- producer ------------------------------------------------------------------------------
   // Tile i of the range into ring positions st .. st + 8: chunk c (copies 2 c and 2 c + 1 of
   // each token) goes to ring position c after st, as soon as that slot is released.
-  // The rotary values come from a separate cache only where the caller gave one.
   __device__ void produce(const Range& r, State& st) const {
-    if (ctx.p.split_cache)
-      produce_tiles<true>(r, st);
-    else
-      produce_tiles<false>(r, st);
-  }
-  template <bool kSplit>
-  __device__ void produce_tiles(const Range& r, State& st) const {
+    constexpr bool kSplit = Tr::Problem::kSplitCache;  // rotary chunks from kv_rope
     if (r.n_tiles == 0) return;
     const Pipeline pipe{state.bars};
     const int pl = static_cast<int>(threadIdx.x) - kConsumerThreads;

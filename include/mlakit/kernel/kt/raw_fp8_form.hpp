@@ -75,15 +75,8 @@ struct KtRawFp8Form : KtSoftmax<Tr, fp16_t, 1> {
   // ---- producer ------------------------------------------------------------------------------
   // Tile i of the range into ring stage st (a stage per tile): each lane's tokens are copied
   // whole (kCopies units of 16 bytes), rows past the range's end as zeros.
-  // The rotary values come from a separate cache only where the caller gave one.
   __device__ void produce(const Range& r, State& st) const {
-    if (ctx.p.split_cache)
-      produce_tiles<true>(r, st);
-    else
-      produce_tiles<false>(r, st);
-  }
-  template <bool kSplit>
-  __device__ void produce_tiles(const Range& r, State& st) const {
+    constexpr bool kSplit = Tr::Problem::kSplitCache;  // rotary chunks from kv_rope
     if (r.n_tiles == 0) return;
     const Pipeline pipe{state.bars};
     const int pl = static_cast<int>(threadIdx.x) - kConsumerThreads;
