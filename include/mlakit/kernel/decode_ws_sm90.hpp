@@ -830,8 +830,11 @@ __global__ void __launch_bounds__(384, 1) decode_kernel_ws(const KernelArgs p) {
   const int cta = cta_slot(static_cast<int>(blockIdx.y), static_cast<int>(gridDim.y));
   const CtaPlan cp = p.ws.ctas[cta];
   const int per_cta = p.ws.header[1];
-  // The context spelled out rather than through PieceContext::of_tile: ptxas schedules the
-  // dynamic-KV producer differently through that function, and this code is the validated one.
+  // The context spelled out, not PieceContext::of_tile(p, row_tile): through of_tile the
+  // sm_90a code of 4 of the dispatch table's 12 instances of this kernel differs (kv_any_t KV,
+  // bf16 and fp16 Q: 8 instructions more; e4m3fn KV with the shape read at run time, bf16
+  // and fp16 Q: as many instructions, another order and allocation). The other 8 (KV of the
+  // Q type; e4m3fn KV at 16 heads x q_len 4 and 8) are identical either way.
   PieceContext<Tr> ctx{p, 0, row_tile, Tr::heads(p.a), Tr::q_len(p.a), 0, 0, Tr::causal(p.a),
                        Tr::kv_dtype(p.a), 0};
   ctx.rows = ctx.heads * ctx.q_len;
