@@ -4,7 +4,7 @@
 // Grid (row_tiles, num_ctas): CTA (r, c) processes rows [r*Rows, (r+1)*Rows) of every
 // request piece the planner gave CTA c (row = token * heads + head). Per piece (this file's
 // mainloop: mma.sync on NVIDIA, MFMA on AMD; on sm_90a the 64-row policy runs the
-// warp-specialized mainloop of decode_ws_sm90.hpp in its own kernel instead):
+// warp-specialized mainloop of decode_split_o_sm90.hpp in its own kernel instead):
 //   sQ [Rows, 576] resident in shared memory (compute type, swizzled)
 //   for each KV tile (32 or 64 tokens), gathered through the page mapping into a pipeline
 //   of stages (KV of the compute type and raw e4m3fn bytes by cp.async; other types
@@ -115,9 +115,9 @@ struct DecodeTraits {
   // Q^T k-steps read from LDS (cdna_smem_bytes).
   static constexpr int kSmemBytes =
       kCdna ? cdna_smem_bytes(kRows, kThreads, kKvTile) : kOffRed + kRedBytes + kScaleBytes;
-  // A `warpgroup_ws` policy has its own kernel (decode_ws_sm90.hpp) for sm_90a; this kernel
-  // is then only its fallback on other targets.
-  static constexpr bool kWarpgroupPolicy = kPolicy.mainloop == arch::Mainloop::warpgroup_ws;
+  // A `warpgroup_split_o` policy has its own kernel (decode_split_o_sm90.hpp) for sm_90a; this
+  // kernel is then only its fallback on other targets.
+  static constexpr bool kWarpgroupPolicy = kPolicy.mainloop == arch::Mainloop::warpgroup_split_o;
   // e4m3fn KV of a policy whose fp8 mainloop is keys_as_m, and KV of the Q type of a policy
   // whose direct mainloop is: decode_kernel_kt (decode_kt_sm90.hpp, which checks the policy's
   // row count) on sm_90a, this kernel elsewhere.
@@ -691,7 +691,7 @@ template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, launch_bounds_residency(Tr::kThreads, Tr::kCtasPerSm))
     decode_kernel(const KernelArgs p) {
 #if defined(MLAKIT_WGMMA_ENABLED)
-  // sm_90a code: the host launches decode_kernel_ws for warpgroup policies, never this one.
+  // sm_90a code: the host launches decode_kernel_split_o for warpgroup policies, never this one.
   constexpr bool kSkip = Tr::kWarpgroupPolicy;
 #else
   constexpr bool kSkip = false;
