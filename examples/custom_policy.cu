@@ -30,7 +30,7 @@ constexpr int kHeads = 12;
 constexpr int kQLen = 3;
 constexpr int kPageSize = 64;
 
-#if !defined(MLAKIT_PLATFORM_NONE)
+#if defined(MLAKIT_HAS_GPU_BACKEND)
 // The user's kernel. Problem<QType, KvType, Heads, QLen, Causal>; 0 or Causal::dynamic would
 // leave a value to run time.
 using MyDecode = Decode<Problem<fp16_t, fp8_e4m3fnuz_t, kHeads, kQLen, Causal::off>>;
@@ -98,7 +98,7 @@ HostProblem make_problem(const std::vector<int>& lens, std::uint32_t seed) {
   return p;
 }
 
-#if !defined(MLAKIT_PLATFORM_NONE)
+#if defined(MLAKIT_HAS_GPU_BACKEND)
 
 // Runs MyDecode on the device and reads O and LSE back into p.out and `lse`.
 void run_on_gpu(HostProblem& p, std::vector<float>& lse) {
@@ -124,7 +124,7 @@ void run_on_gpu(HostProblem& p, std::vector<float>& lse) {
   GPU_CHECK(GPU(Memcpy)(p.out.data(), a.out, p.out.size() * 2, GPU(MemcpyDeviceToHost)));
   GPU_CHECK(GPU(Memcpy)(lse.data(), a.lse, lse.size() * 4, GPU(MemcpyDeviceToHost)));
 }
-#endif  // !MLAKIT_PLATFORM_NONE
+#endif  // MLAKIT_HAS_GPU_BACKEND
 
 }  // namespace
 
@@ -136,7 +136,7 @@ int main() {
       "page size %d (block table), kv_len 0 / 2 / 700 / 3000\n",
       kHeads, kQLen, kPageSize);
 
-#if !defined(MLAKIT_PLATFORM_NONE)
+#if defined(MLAKIT_HAS_GPU_BACKEND)
   // Arguments that do not match the Problem are rejected before any device work (so this
   // part needs no GPU): a Status names the argument, its value and what was expected.
   DecodeArgs wrong = p.host_args();
@@ -167,7 +167,7 @@ int main() {
     return 0;
   }
 
-#if !defined(MLAKIT_PLATFORM_NONE)
+#if defined(MLAKIT_HAS_GPU_BACKEND)
   std::vector<float> lse(ref.lse.size());
   run_on_gpu(p, lse);
   std::vector<double> out(p.out.size());

@@ -11,9 +11,9 @@ namespace example {
 
 // True when a GPU of the compiled backend is present at run time.
 inline bool gpu_present() {
-#if defined(MLAKIT_PLATFORM_NONE)
+#if !defined(MLAKIT_HAS_GPU_BACKEND)
   return false;
-#elif defined(MLAKIT_PLATFORM_CUDA)
+#elif defined(MLAKIT_HAS_CUDA_RUNTIME_API)
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 #else
@@ -24,9 +24,9 @@ inline bool gpu_present() {
 
 }  // namespace example
 
-#if !defined(MLAKIT_PLATFORM_NONE)
+#if defined(MLAKIT_HAS_GPU_BACKEND)
 // One spelling for both runtimes: GPU(Malloc) is cudaMalloc or hipMalloc.
-#if defined(MLAKIT_PLATFORM_CUDA)
+#if defined(MLAKIT_HAS_CUDA_RUNTIME_API)
 #define GPU(name) cuda##name
 #else
 #define GPU(name) hip##name
@@ -68,4 +68,4 @@ struct DeviceMemory {
 };
 
 }  // namespace example
-#endif  // !MLAKIT_PLATFORM_NONE
+#endif  // MLAKIT_HAS_GPU_BACKEND

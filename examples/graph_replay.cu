@@ -94,14 +94,14 @@ HostState make_state(const std::vector<int>& first_lens) {
   return s;
 }
 
-#if !defined(MLAKIT_PLATFORM_NONE)
+#if defined(MLAKIT_HAS_GPU_BACKEND)
 void check_status(const Status& s, const char* what) {
   if (s) return;
   std::fprintf(stderr, "%s: %s\n", what, s.message().c_str());
   std::exit(1);
 }
 
-#endif  // !MLAKIT_PLATFORM_NONE
+#endif  // MLAKIT_HAS_GPU_BACKEND
 
 }  // namespace
 
@@ -118,7 +118,7 @@ int main() {
                   : "no GPU: built without a GPU backend (MLAKIT_BACKEND=NONE); "
                     "running the host reference only");
 
-#if !defined(MLAKIT_PLATFORM_NONE)
+#if defined(MLAKIT_HAS_GPU_BACKEND)
   // Device buffers, allocated once for every step, as the captured graph needs.
   example::DeviceMemory mem;
   DecodeArgs a = st.shape;
@@ -142,7 +142,7 @@ int main() {
     ws = mem.alloc(ws_bytes);
     GPU_CHECK(GPU(StreamCreate)(&stream));
   }
-#if defined(MLAKIT_PLATFORM_CUDA)
+#if defined(MLAKIT_HAS_CUDA_RUNTIME_API)
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t replay = nullptr;
   if (gpu) {
@@ -156,7 +156,7 @@ int main() {
 #else
   if (gpu) std::puts("graph capture: not ported to HIP in this example; each step calls decode()");
 #endif
-#endif  // !MLAKIT_PLATFORM_NONE
+#endif  // MLAKIT_HAS_GPU_BACKEND
 
   bool all_pass = true;
   for (int step = 0; step < kSteps; ++step) {
@@ -178,13 +178,13 @@ int main() {
       continue;
     }
 
-#if !defined(MLAKIT_PLATFORM_NONE)
+#if defined(MLAKIT_HAS_GPU_BACKEND)
     // Only device memory changes between replays; the graph's arguments stay the same.
     GPU_CHECK(GPU(MemcpyAsync)(d_q, st.q.data(), st.q.size() * 2, GPU(MemcpyHostToDevice), stream));
     GPU_CHECK(GPU(MemcpyAsync)(d_kv_len, st.kv_len.data(), st.kv_len.size() * 4,
                                GPU(MemcpyHostToDevice), stream));
     GPU_CHECK(GPU(MemsetAsync)(a.out, 0xFF, out_elems * 2, stream));  // NaN until written
-#if defined(MLAKIT_PLATFORM_CUDA)
+#if defined(MLAKIT_HAS_CUDA_RUNTIME_API)
     GPU_CHECK(cudaGraphLaunch(replay, stream));
 #else
     check_status(decode(a, ws, ws_bytes, stream), "decode");
@@ -207,11 +207,11 @@ int main() {
 #endif
   }
 
-#if defined(MLAKIT_PLATFORM_CUDA)
+#if defined(MLAKIT_HAS_CUDA_RUNTIME_API)
   if (replay) GPU_CHECK(cudaGraphExecDestroy(replay));
   if (graph) GPU_CHECK(cudaGraphDestroy(graph));
 #endif
-#if !defined(MLAKIT_PLATFORM_NONE)
+#if defined(MLAKIT_HAS_GPU_BACKEND)
   if (stream) GPU_CHECK(GPU(StreamDestroy)(stream));
 #endif
   return all_pass ? 0 : 1;

@@ -88,7 +88,7 @@ HostBatch make_batch(const std::vector<int>& lens, std::uint32_t seed) {
   return h;
 }
 
-#if !defined(MLAKIT_PLATFORM_NONE)
+#if defined(MLAKIT_HAS_GPU_BACKEND)
 // The batch copied to the device, with outputs and the workspace; freed on scope exit.
 struct DeviceBatch {
   DecodeArgs args;  // the host batch's shape, device pointers
@@ -191,7 +191,7 @@ void time_decode() {
   GPU_CHECK(GPU(EventDestroy)(stop));
   GPU_CHECK(GPU(StreamDestroy)(stream));
 }
-#endif  // !MLAKIT_PLATFORM_NONE
+#endif  // MLAKIT_HAS_GPU_BACKEND
 
 }  // namespace
 
@@ -224,7 +224,7 @@ int main() {
                 kHeadDimV, *lo, *hi);
     return 0;
   }
-#if !defined(MLAKIT_PLATFORM_NONE)
+#if defined(MLAKIT_HAS_GPU_BACKEND)
   if (!check_against_reference(h, ref)) return 1;
   time_decode();
 #endif

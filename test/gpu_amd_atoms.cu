@@ -22,7 +22,7 @@
 #include "mlakit/core/decode_args.hpp"
 #include "mlakit/kernel/smem_tile.hpp"
 
-#if defined(MLAKIT_PLATFORM_HIP)
+#if defined(MLAKIT_HAS_CDNA_KERNELS)
 
 using namespace mlakit;
 using namespace mlakit::testing;
@@ -234,4 +234,4 @@ TEST_CASE("amd atoms: LDS swizzle round trip", "[gpu][amd]") {
   CHECK(bad == 0);
 }
 
-#endif  // MLAKIT_PLATFORM_HIP
+#endif  // MLAKIT_HAS_CDNA_KERNELS

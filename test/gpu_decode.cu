@@ -255,7 +255,7 @@ TEST_CASE("self-planned calls leave the planner's plan in the workspace", "[gpu]
   // Automatic mode with few requests: the decode kernel plans for itself. 16 rows (16 heads x
   // q_len 1): with an e4m3fn cache the keys-as-M kernel on sm_90a, the mma.sync kernel
   // elsewhere, below kFp8CtasMinRowTiles requests (batch 1 and 3; elsewhere up to
-  // kSelfPlanMaxBatch); with a bf16 cache the mma.sync kernel below kWsMinRequests16 requests.
+  // kSelfPlanMaxBatch); with a bf16 cache the mma.sync kernel below kSplitOMinRequests16 requests.
   // Its output must match the reference and the plan it stores for the combine (header,
   // RequestPlan[batch]) must equal plan_on_host(). The other calls take the planner kernel:
   // the same checks hold.
@@ -407,7 +407,7 @@ TEST_CASE("deterministic: repeated runs are bitwise equal", "[gpu]") {
   }
 }
 
-#if defined(MLAKIT_PLATFORM_CUDA)
+#if defined(MLAKIT_HAS_CUDA_RUNTIME_API)
 TEST_CASE("graph capture: one captured graph replays while kv_len changes", "[gpu]") {
   MLAKIT_REQUIRE_GPU();
   Case c = crash_shape();

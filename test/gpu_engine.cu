@@ -117,7 +117,7 @@ struct OwnedStream {
   }
 };
 
-#if defined(MLAKIT_PLATFORM_CUDA)
+#if defined(MLAKIT_HAS_CUDA_RUNTIME_API)
 struct Graph {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
@@ -192,7 +192,7 @@ TEST_CASE(
     check_outputs(P, std::string(name) + " after a planted error");
   }
 
-#if defined(MLAKIT_PLATFORM_CUDA)
+#if defined(MLAKIT_HAS_CUDA_RUNTIME_API)
   SECTION("inside a graph capture: the captured graph is complete and correct") {
     OwnedStream stream;
     REQUIRE(stream.ok);
@@ -209,7 +209,7 @@ TEST_CASE(
 #endif
 }
 
-#if defined(MLAKIT_PLATFORM_CUDA)
+#if defined(MLAKIT_HAS_CUDA_RUNTIME_API)
 TEST_CASE(
     "engine: graph capture is the very first use of a kernel; replays follow kv_len and "
     "kv_indptr",
@@ -468,7 +468,7 @@ TEST_CASE("engine: two GPUs, alternating devices", "[gpu][engine][multi-gpu]") {
     REQUIRE(info[d].device == d);
   }
 
-#if defined(MLAKIT_PLATFORM_CUDA)
+#if defined(MLAKIT_HAS_CUDA_RUNTIME_API)
   SECTION("graph capture on the second device is its first decode() there") {
     REQUIRE(gpu_set_device(1));
     Graph g;

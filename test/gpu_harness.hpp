@@ -19,7 +19,7 @@
 
 namespace mlakit::testing {
 
-#if defined(MLAKIT_PLATFORM_CUDA)
+#if defined(MLAKIT_HAS_CUDA_RUNTIME_API)
 #define MLAKIT_T_CHECK(x) gpu_check((x), #x, __FILE__, __LINE__)
 inline bool gpu_check(cudaError_t e, const char* what, const char* file, int line) {
   if (e == cudaSuccess) return true;
@@ -63,7 +63,7 @@ inline int gpu_plant_error() {
 // True when the runtime keeps a failed call's error until cudaGetLastError reads it (CUDA).
 inline constexpr bool kLastErrorPersists = true;
 inline const char* gpu_error_name(int e) { return cudaGetErrorName(static_cast<cudaError_t>(e)); }
-#elif defined(MLAKIT_PLATFORM_HIP)
+#elif defined(MLAKIT_HAS_HIP_RUNTIME_API)
 #define MLAKIT_T_CHECK(x) gpu_check((x), #x, __FILE__, __LINE__)
 inline bool gpu_check(hipError_t e, const char* what, const char* file, int line) {
   if (e == hipSuccess) return true;

@@ -456,7 +456,7 @@ TEST_CASE("merge_states: bitwise repeatable; a captured graph replays with new v
   CHECK(o1 == o2);
   CHECK(std::memcmp(l1.data(), l2.data(), l1.size() * 4) == 0);
 
-#if defined(MLAKIT_PLATFORM_CUDA)
+#if defined(MLAKIT_HAS_CUDA_RUNTIME_API)
   cudaStream_t stream;
   REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
   cudaGraph_t graph;

@@ -190,7 +190,7 @@ TEST_CASE("pipeline: keys-as-M tiles, 16, 32 and 64 rows of e4m3fn KV, 34 reques
 // 64 the 16- and 32-row keys-as-M tiles of 16-bit KV (rings of 25 and 22 chunk slots, nine per
 // tile, so lengths of 0..9 tiles end with the ring wrapped inside a tile and between tiles;
 // 16 rows: two consumer warpgroups on alternate tiles, so they end on either one), at page
-// size 1 the warp-specialized 64-row tile (arch::kWsMinRequests16 requests and more; 32 to 63
+// size 1 the warp-specialized 64-row tile (arch::kSplitOMinRequests16 requests and more; 32 to 63
 // of its rows padding); elsewhere the mma.sync tiles. 16 rows: 16 and 12 heads at q_len 1, 8
 // at q_len 2, 5 at q_len 3 (rows of several tokens, each with its own causal limit), one head
 // at q_len 1 and 3 at q_len 5; 32 rows: 16 heads at q_len 2, 12 at q_len 2, 8 at q_len 4, 32

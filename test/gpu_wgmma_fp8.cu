@@ -8,7 +8,7 @@
 
 #include "gpu_require.hpp"
 
-#if defined(MLAKIT_PLATFORM_CUDA)
+#if defined(MLAKIT_HAS_SM90A_KERNELS)
 
 #include <cmath>
 #include <cstdint>
@@ -280,4 +280,4 @@ TEST_CASE("wgmma e4m3 operands: two-plane Q and P, kappa-ordered V^T, SS and RS"
   CHECK(worst_o < 1.0);
 }
 
-#endif  // MLAKIT_PLATFORM_CUDA
+#endif  // MLAKIT_HAS_SM90A_KERNELS

@@ -162,8 +162,8 @@ TEST_CASE("choose_kernel: KV of the Q type", "[kernel_choice]") {
     c = choose(args(DType::bf16, 16, 2, batch, batch == 3 ? 64 : 1), kH100, p);
     CHECK(c.policy == 2);
     REQUIRE(p.asked.size() == 1);
-    CHECK(p.asked[0] == std::pair{Mainloop::warpgroup_ws, false});
-    CHECK(c.mainloop == Mainloop::warpgroup_ws);
+    CHECK(p.asked[0] == std::pair{Mainloop::warpgroup_split_o, false});
+    CHECK(c.mainloop == Mainloop::warpgroup_split_o);
     CHECK_FALSE(c.self_plan);
     Probe no;
     no.answer = false;
@@ -171,7 +171,7 @@ TEST_CASE("choose_kernel: KV of the Q type", "[kernel_choice]") {
     CHECK(c.mainloop == Mainloop::warp_mma);
     CHECK_FALSE(c.self_plan);
   }
-  // 16 rows below kWsMinRequests16: decode_kernel, planning for itself up to kSelfPlanMaxBatch
+  // 16 rows below kSplitOMinRequests16: decode_kernel, planning for itself up to kSelfPlanMaxBatch
   // requests in automatic mode.
   c = choose(args(DType::bf16, 16, 1, 31), kH100, yes);
   CHECK(c.policy == 0);

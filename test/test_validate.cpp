@@ -475,7 +475,7 @@ TEST_CASE("policy choice: rows, KV type and device", "[validate]") {
   for (int rows = 1; rows <= 4096; ++rows) {
     for (bool direct : {false, true}) {
       for (int device_arch : {80, 90, 942}) {
-        for (int batch : {1, arch::kWsMinRequests16 - 1, arch::kWsMinRequests16, 65535})
+        for (int batch : {1, arch::kSplitOMinRequests16 - 1, arch::kSplitOMinRequests16, 65535})
           for (int page : {1, 16, arch::kKtDirectMinPage, 256}) {
             const int by_rows = arch::policy_index_for_rows(rows);
             const int i = policy_index_for(rows, direct, device_arch, batch, page);
@@ -486,16 +486,17 @@ TEST_CASE("policy choice: rows, KV type and device", "[validate]") {
             CHECK(kPolicies[i].rows >= std::min(rows, kPolicies[kNumPolicies - 1].rows));
             // sm_90, KV of the Q type: the small tile's keys-as-M form from kFp8CtasMinRowTiles
             // requests up and pages of kKtDirectMinPage; else 17..32 rows (and 1..16 rows from
-            // kWsMinRequests16 requests up) the warp-specialized 64-row tile.
+            // kSplitOMinRequests16 requests up) the warp-specialized 64-row tile.
             const bool keys_as_m =
                 kPolicies[by_rows].direct_mainloop == arch::Mainloop::keys_as_m &&
                 batch >= arch::kFp8CtasMinRowTiles && page >= arch::kKtDirectMinPage;
             const bool small =
-                !keys_as_m && (kPolicies[by_rows].rows == 32 ||
-                               (kPolicies[by_rows].rows == 16 && batch >= arch::kWsMinRequests16));
+                !keys_as_m &&
+                (kPolicies[by_rows].rows == 32 ||
+                 (kPolicies[by_rows].rows == 16 && batch >= arch::kSplitOMinRequests16));
             const bool promoted =
                 direct && device_arch == 90 && small &&
-                kPolicies[kNumPolicies - 1].mainloop == arch::Mainloop::warpgroup_ws;
+                kPolicies[kNumPolicies - 1].mainloop == arch::Mainloop::warpgroup_split_o;
             CHECK(i == (promoted ? kNumPolicies - 1 : by_rows));
           }
       }
@@ -520,7 +521,7 @@ TEST_CASE("policy choice: rows, KV type and device", "[validate]") {
     a.kv_type = a.q_type;
     set_packed_strides(a);
     INFO("batch " << batch);
-    const bool ws_tile = kPolicies[kNumPolicies - 1].mainloop == arch::Mainloop::warpgroup_ws;
+    const bool ws_tile = kPolicies[kNumPolicies - 1].mainloop == arch::Mainloop::warpgroup_split_o;
     CHECK(detail::policy_rows(a, kH100) == (ws_tile && batch < 32 ? 64 : 32));
     CHECK(detail::policy_rows(a, kMI300) == arch::kPolicies[arch::policy_index_for_rows(32)].rows);
     // The workspace is sized for the larger tile whatever the KV type, and fits the launch of
@@ -556,10 +557,10 @@ TEST_CASE(
       a.batch = batch;
       const int idx = detail::policy_index(a, a100);
       REQUIRE(arch::kPolicies[idx].rows == 16);
-      // sm_90, KV of the Q type from kWsMinRequests16 requests up: the 16-row keys-as-M 16-bit
+      // sm_90, KV of the Q type from kSplitOMinRequests16 requests up: the 16-row keys-as-M 16-bit
       // form (one CTA per SM) at pages of kKtDirectMinPage tokens or more, the warp-specialized
       // 64-row tile at smaller pages; both plans fit the same workspace.
-      const bool direct16 = kv == a.q_type && batch >= arch::kWsMinRequests16;
+      const bool direct16 = kv == a.q_type && batch >= arch::kSplitOMinRequests16;
       CHECK(detail::policy_index(a, kH100) == idx);
       if (direct16) {
         REQUIRE(a.page_size >= arch::kKtDirectMinPage);
@@ -641,7 +642,7 @@ TEST_CASE(
     "the e4m3fn 64-row plan: one CTA per SM for the warp-specialized and the keys-as-M kernel",
     "[validate]") {
   REQUIRE(arch::kPolicies[arch::policy_index_for_rows(64)].mainloop ==
-          arch::Mainloop::warpgroup_ws);
+          arch::Mainloop::warpgroup_split_o);
   check_one_cta_fp8_plan(64, {{16, 4}, {16, 8}, {12, 5}, {128, 1}, {64, 1}}, {1, 31, 32, 128});
 }
 

@@ -40,8 +40,12 @@ def hip_policies():
     is a constexpr function that starts from another policy or a default TilePolicy and sets
     fields by name (p.rows = 16;)."""
     text = (ROOT / "include/mlakit/arch/tile_policy.hpp").read_text()
-    m = re.search(r"#if defined\(MLAKIT_PLATFORM_HIP\)(.*?)#else", text, re.S)
-    block = m.group(1) if m else ""
+    # The AMD table is the branch of the file's platform #if whose kPolicies lists cdna
+    # policies (the other branch holds the NVIDIA table).
+    block = ""
+    for m in re.finditer(r"#if defined\(\w+\)(.*?)#else", text, re.S):
+        if re.search(r"kPolicies\[\] = \{\s*cdna_", m.group(1)):
+            block = m.group(1)
     funcs = dict(re.findall(r"constexpr TilePolicy (\w+)\(\) \{(.*?)\n\}", block, re.S))
 
     def fields(name):

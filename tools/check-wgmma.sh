@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Checks that ptxas keeps the wgmma pipelines of the Hopper mainloops (warp-specialized 64-row,
 # keys-as-M 16-, 32- and 64-row) asynchronous, two ways:
-#  1. compiles their kernels (decode_kernel_ws for three KV paths, decode_kernel_kt for two
+#  1. compiles their kernels (decode_kernel_split_o for three KV paths, decode_kernel_kt for two
 #     each of its 16-, 32- and 64-row policies of e4m3fn KV and its 16- and 32-row 16-bit
 #     forms) to
 #     sm_90a machine code and counts, in the disassembly, the HGMMA instructions and the
-#     WARPGROUP.DEPBAR waits. The sources wait 8 (ws), 15 (kt, 16 and 32 rows), 10 (kt, 16-bit) and 24 (kt,
+#     WARPGROUP.DEPBAR waits. The sources wait 8 (split-O), 15 (kt, 16 and 32 rows), 10 (kt, 16-bit) and 24 (kt,
 #     64 rows) times per kernel
 #     (docs/design.md, "Hopper mainloops"); ptxas serialises a
 #     pipeline it cannot prove safe by adding a wait after every HGMMA, without always printing
@@ -46,7 +46,7 @@ check() {
   local kernel=$1 policy=$2 max=$3 problem=$4
   cat >"$work/k.cu" <<CU
 #include <mlakit/kernel/decode_kt_sm90.hpp>
-#include <mlakit/kernel/decode_ws_sm90.hpp>
+#include <mlakit/kernel/decode_split_o_sm90.hpp>
 namespace mlakit::detail {
 template __global__ void ${kernel}<DecodeTraits<Problem<${problem}>, ${policy}>>(const KernelArgs);
 }
@@ -65,7 +65,7 @@ CU
     "$policy" "$hgmma" "$waits" "$verdict"
 }
 # KERNEL POLICY WAITS PROBLEM, one kernel per line. The waits each source has by design:
-#  - decode_kernel_ws: max_waits (8);
+#  - decode_kernel_split_o: max_waits (8);
 #  - decode_kernel_kt, 16 and 32 rows of e4m3fn KV: 68 HGMMA per tile in 17 commit groups, 15;
 #  - decode_kernel_kt, 16 and 32 rows of 16-bit KV of the Q type: 36 S^T HGMMA in one group, 32
 #    P V HGMMA in 8 (one per 64-dim block, waited for one by one to release the ring's chunks),
@@ -74,9 +74,9 @@ CU
 while read -r kernel policy waits problem; do
   check "$kernel" "$policy" "$waits" "$problem" </dev/null
 done <<LIST
-decode_kernel_ws 2 $max_waits bf16_t, bf16_t, 16, 8, Causal::on
-decode_kernel_ws 2 $max_waits bf16_t, fp8_e4m3fn_t, 16, 8, Causal::on
-decode_kernel_ws 2 $max_waits fp16_t, kv_any_t
+decode_kernel_split_o 2 $max_waits bf16_t, bf16_t, 16, 8, Causal::on
+decode_kernel_split_o 2 $max_waits bf16_t, fp8_e4m3fn_t, 16, 8, Causal::on
+decode_kernel_split_o 2 $max_waits fp16_t, kv_any_t
 decode_kernel_kt 0 15 bf16_t, fp8_e4m3fn_t, 16, 1, Causal::on
 decode_kernel_kt 0 15 fp16_t, fp8_e4m3fn_t
 decode_kernel_kt 1 15 bf16_t, fp8_e4m3fn_t, 16, 2, Causal::on

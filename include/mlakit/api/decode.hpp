@@ -14,7 +14,7 @@
 #include "../kernel/combine_kernel.hpp"
 #include "../kernel/decode_kernel.hpp"
 #include "../kernel/decode_kt_sm90.hpp"
-#include "../kernel/decode_ws_sm90.hpp"
+#include "../kernel/decode_split_o_sm90.hpp"
 #include "../kernel/planner_kernel.hpp"
 #include "../kernel/problem.hpp"
 #include "../kernel/workspace.hpp"
@@ -172,14 +172,14 @@ inline Status sm90a_kernel_usable(Kernel kernel, int static_bytes, int dynamic_b
   return Status::ok();
 }
 template <class Tr>
-struct WsTag {};
+struct SplitOTag {};
 template <class Tr, bool SelfPlan>
 struct KtTag {};
-// decode_kernel_ws<Tr> (64-row warpgroup policies) runs its mainloop on `dev`.
+// decode_kernel_split_o<Tr> (64-row warpgroup policies) runs its mainloop on `dev`.
 template <class Tr>
 inline Status warpgroup_usable(const DeviceInfo& dev, bool* usable) {
-  return sm90a_kernel_usable<WsTag<Tr>>(decode_kernel_ws<Tr>, sizeof(WsStaticStorage),
-                                        sizeof(WsSharedStorage), dev, usable);
+  return sm90a_kernel_usable<SplitOTag<Tr>>(decode_kernel_split_o<Tr>, sizeof(SplitOStaticStorage),
+                                            sizeof(SplitOSharedStorage), dev, usable);
 }
 // decode_kernel_kt<Tr, SelfPlan> (row tiles of e4m3fn KV) runs its mainloop on `dev`.
 template <class Tr, bool SelfPlan>
@@ -207,7 +207,7 @@ inline Status sm90a_usable(arch::Mainloop mainloop, bool self_plan, const Device
     }
   }
   if constexpr (Tr::kWarpgroupPolicy) {
-    if (mainloop == arch::Mainloop::warpgroup_ws) return warpgroup_usable<Tr>(dev, usable);
+    if (mainloop == arch::Mainloop::warpgroup_split_o) return warpgroup_usable<Tr>(dev, usable);
   }
   return Status::ok();
 }
@@ -216,9 +216,10 @@ inline Status sm90a_usable(arch::Mainloop mainloop, bool self_plan, const Device
 template <class Tr>
 inline Status launch_sm90a(const KernelChoice& c, dim3 grid, const KernelArgs& k, Stream stream) {
   if constexpr (Tr::kWarpgroupPolicy) {
-    if (c.mainloop == arch::Mainloop::warpgroup_ws)
-      return launch_kernel("decode_kernel_ws", decode_kernel_ws<Tr>, grid,
-                           dim3(WsMainloop<Tr>::kThreads), sizeof(WsSharedStorage), stream, k);
+    if (c.mainloop == arch::Mainloop::warpgroup_split_o)
+      return launch_kernel("decode_kernel_split_o", decode_kernel_split_o<Tr>, grid,
+                           dim3(SplitOMainloop<Tr>::kThreads), sizeof(SplitOSharedStorage), stream,
+                           k);
   }
   if constexpr (Tr::kKeysAsM) {
     using ML = KtMainloop<Tr>;
@@ -270,7 +271,7 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
       &c);
   if (!s) return s;
   const bool own_kernel =
-      c.mainloop != arch::Mainloop::warpgroup_ws && c.mainloop != arch::Mainloop::keys_as_m;
+      c.mainloop != arch::Mainloop::warpgroup_split_o && c.mainloop != arch::Mainloop::keys_as_m;
 
   const PlanShape shape = plan_shape_for(a, PolicyIndex, dev, c.ctas_per_sm);
   const int rows_padded = shape.row_tiles * Tr::kRows;

@@ -69,7 +69,7 @@ struct EntryKernels {
   bool direct = false;               // kDirect: KV of the Q type
   bool keys_as_m = false;            // kKeysAsM: decode_kernel_kt (sm_90a)
   bool keys_as_m_self_plan = false;  // decode_kernel_kt also planning for itself
-  bool warpgroup = false;            // kWarpgroupPolicy: decode_kernel_ws (sm_90a)
+  bool warpgroup = false;            // kWarpgroupPolicy: decode_kernel_split_o (sm_90a)
   bool ids_ahead_by_page = false;    // kIdsAheadByPage: a second decode_kernel for small pages
   int mma_ctas_per_sm = 0;           // kCtasPerSm: decode_kernel's launch bounds
   int mma_smem_bytes = 0;            // kSmemBytes: decode_kernel's shared memory, no plan
@@ -85,7 +85,7 @@ constexpr EntryKernels entry_kernels(int policy, EntryKv kv) {
                 ((k.e4m3fn_operands && tp.fp8_mainloop == arch::Mainloop::keys_as_m) ||
                  (k.direct && tp.direct_mainloop == arch::Mainloop::keys_as_m));
   k.keys_as_m_self_plan = k.keys_as_m && k.e4m3fn_operands && tp.fp8_self_plan_small;
-  k.warpgroup = tp.mainloop == arch::Mainloop::warpgroup_ws;
+  k.warpgroup = tp.mainloop == arch::Mainloop::warpgroup_split_o;
   k.ids_ahead_by_page =
       k.e4m3fn_operands && tp.fp8_stages > 1 && tp.fp8_ids_ahead == arch::IdsAhead::small_pages;
   k.mma_ctas_per_sm =
@@ -148,7 +148,7 @@ inline int plan_ctas_per_sm(const DecodeArgs& a, int policy, int resident) {
 struct KernelChoice {
   int policy = 0;
   // The decode kernel: warp_mma or cdna (decode_kernel: the policy's own mainloop),
-  // warpgroup_ws (decode_kernel_ws) or keys_as_m (decode_kernel_kt).
+  // warpgroup_split_o (decode_kernel_split_o) or keys_as_m (decode_kernel_kt).
   arch::Mainloop mainloop = arch::Mainloop::warp_mma;
   bool self_plan = false;  // the decode kernel plans for itself: no planner launch
   // decode_kernel's second form, which loads each token's page id a tile ahead (policies
@@ -168,7 +168,7 @@ struct KernelChoice {
 //   keys_as_m: e4m3fn from kFp8CtasMinRowTiles requests x row tiles up (below, in automatic
 //     mode, the self-planning form where the policy has one); KV of the Q type where
 //     arch::direct_keys_as_m() says so.
-//   warpgroup_ws: otherwise, for a warpgroup policy.
+//   warpgroup_split_o: otherwise, for a warpgroup policy.
 //   decode_kernel: otherwise, and wherever the device does not run the sm_90a code. It plans
 //     for itself in automatic mode up to kSelfPlanMaxBatch requests when the plan's shared
 //     memory fits next to the mainloop's (not for a warpgroup policy, whose fallback this is:
@@ -189,13 +189,14 @@ inline Status choose_kernel(const DecodeArgs& a, const DeviceInfo& dev, const En
       keys_as_m_self_plan = keys_as_m;
     }
   }
-  if (k.warpgroup && !keys_as_m && !(s = usable(arch::Mainloop::warpgroup_ws, false, &warpgroup)))
+  if (k.warpgroup && !keys_as_m &&
+      !(s = usable(arch::Mainloop::warpgroup_split_o, false, &warpgroup)))
     return s;
 
   KernelChoice c;
   c.policy = k.policy;
   c.mainloop = keys_as_m                             ? arch::Mainloop::keys_as_m
-               : warpgroup                           ? arch::Mainloop::warpgroup_ws
+               : warpgroup                           ? arch::Mainloop::warpgroup_split_o
                : tp.mainloop == arch::Mainloop::cdna ? arch::Mainloop::cdna
                                                      : arch::Mainloop::warp_mma;
   c.resident_ctas_per_sm = keys_as_m
@@ -247,7 +248,7 @@ inline PlanShape plan_shape(const DecodeArgs& a, int policy, const DeviceInfo& d
 inline unsigned policy_candidates(int rows, const DeviceInfo& dev, int batch) {
   unsigned candidates = 0;
   for (bool direct : {true, false})
-    for (int b : {1, arch::kWsMinRequests16, arch::kFp8CtasMinRowTiles, batch})
+    for (int b : {1, arch::kSplitOMinRequests16, arch::kFp8CtasMinRowTiles, batch})
       for (int page : {1, arch::kKtDirectMinPage})
         candidates |= 1u << arch::policy_index_for(rows, direct, dev.arch, b, page);
   return candidates;

@@ -8,7 +8,7 @@
 namespace mlakit::arch {
 
 // The mainloop a policy runs. warp_mma: the mma.sync / MFMA mainloop of decode_kernel.hpp
-// (every target). warpgroup_ws: the warp-specialized wgmma mainloop of decode_ws_sm90.hpp
+// (every target). warpgroup_split_o: the warp-specialized wgmma mainloop of decode_split_o_sm90.hpp
 // (its own kernel, 384 threads) where the device runs its sm_90a code; elsewhere the policy
 // falls back to warp_mma with `threads` threads.
 // keys_as_m: the keys-as-M wgmma mainloop of decode_kt_sm90.hpp (its own kernel; e4m3fn KV:
@@ -19,7 +19,7 @@ namespace mlakit::arch {
 // cdna: the CDNA mainloop of decode_cdna.hpp (AMD): every row of the row tile shares each KV
 // tile from LDS; 16-row MFMA tiles, one per wave (two waves splitting the V columns in the
 // 16-row form).
-enum class Mainloop : int { warp_mma = 0, warpgroup_ws = 2, keys_as_m = 3, cdna = 4 };
+enum class Mainloop : int { warp_mma = 0, warpgroup_split_o = 2, keys_as_m = 3, cdna = 4 };
 
 // CTAs per SM of the keys-as-M kernel of `rows`-row tiles and KV of `kv_bytes` bytes per value
 // (e4m3fn, 16 rows: Q 18 KB, P 2 KB, two raw 36 KB stages; 32 rows: Q 36 KB, two P of 4 KB,
@@ -94,7 +94,7 @@ inline constexpr int kFp8CtasMinRowTiles = 32;
 inline constexpr bool kAnyKvForwardsFp8 = true;
 // The matrix atom widens no raw e4m3fn operand: every fp8 cache is converted on its way in.
 inline constexpr bool kE4m3fnOperands = false;
-// No sm_90a wgmma mainloop (warpgroup_ws, keys_as_m) exists for this target.
+// No sm_90a wgmma mainloop (warpgroup_split_o, keys_as_m) exists for this target.
 inline constexpr bool kHopperMainloops = false;
 
 // Every CDNA tile: one 16-token KV tile in LDS, no raw staging.
@@ -143,7 +143,7 @@ inline constexpr bool kAnyKvForwardsFp8 = false;
 // The matrix atom reads e4m3fn KV raw and widens it to f16 in registers (DecodeTraits::
 // kFp8Operands). Host-only builds model this table (workspace sizes, plans).
 inline constexpr bool kE4m3fnOperands = true;
-// The policies name sm_90a wgmma mainloops (warpgroup_ws, keys_as_m); whether a device runs
+// The policies name sm_90a wgmma mainloops (warpgroup_split_o, keys_as_m); whether a device runs
 // them is the launch's run-time probe of the kernel's code.
 inline constexpr bool kHopperMainloops = true;
 
@@ -193,7 +193,7 @@ constexpr TilePolicy nvidia_rows32() {
   p.direct_mainloop = Mainloop::keys_as_m;
   return p;
 }
-// 64 rows: sm_90a runs the warp-specialized mainloop (decode_ws_sm90.hpp: 384 threads, Q 72 KB
+// 64 rows: sm_90a runs the warp-specialized mainloop (decode_split_o_sm90.hpp: 384 threads, Q 72 KB
 // + two 72 KB KV stages + P, 226 KB); e4m3fn KV from kFp8CtasMinRowTiles up: the keys-as-M
 // mainloop (dims split over two consumer warpgroups, three raw stages), whose raw stages are
 // refilled without waiting for a conversion; the fallback elsewhere (sm_80) is mma.sync with
@@ -207,7 +207,7 @@ constexpr TilePolicy nvidia_rows64() {
   p.raw_bytes = 73728;
   p.ctas_per_sm = 1;
   p.fp8_stages = 3;
-  p.mainloop = Mainloop::warpgroup_ws;
+  p.mainloop = Mainloop::warpgroup_split_o;
   p.fp8_mainloop = Mainloop::keys_as_m;
   return p;
 }
@@ -229,7 +229,7 @@ constexpr int policy_index_for_rows(int rows) {
 // plans for itself (one launch fewer) and wins on short requests, which the host cannot tell
 // from long ones; from here the 64-row tile's faster streaming wins (docs/performance.md,
 // "Constants").
-inline constexpr int kWsMinRequests16 = 32;
+inline constexpr int kSplitOMinRequests16 = 32;
 
 // Least page size at which KV of the Q type runs a policy's direct_mainloop: the keys-as-M
 // 16-bit forms stream scattered token rows more slowly than the padded 64-row tile
@@ -249,7 +249,7 @@ constexpr bool direct_keys_as_m(const TilePolicy& tp, int batch, int page_size) 
 // the 16- or 32-row tile runs its direct_mainloop (keys-as-M, no padding) where
 // direct_keys_as_m() says so; else 17..32 rows take the warp-specialized 64-row tile (padding
 // half or more of its rows: it streams such KV faster than the mma.sync tiles), and so do
-// 1..16 rows from kWsMinRequests16 requests up. fp8 and other converted KV keep the small
+// 1..16 rows from kSplitOMinRequests16 requests up. fp8 and other converted KV keep the small
 // tiles, which are faster for them (docs/performance.md, "Which kernel runs a shape"). The
 // launch uses this function; workspace_bytes() sizes for the largest plan of the candidates
 // whatever the dtypes, batch and page size. A program built without sm_90a code runs the
@@ -258,9 +258,9 @@ constexpr int policy_index_for(int rows, bool direct_kv, int arch, int batch, in
   const int i = policy_index_for_rows(rows);
   const bool promoted =
       !direct_keys_as_m(kPolicies[i], batch, page_size) &&
-      (kPolicies[i].rows == 32 || (kPolicies[i].rows == 16 && batch >= kWsMinRequests16));
+      (kPolicies[i].rows == 32 || (kPolicies[i].rows == 16 && batch >= kSplitOMinRequests16));
   if (direct_kv && arch == 90 && promoted &&
-      kPolicies[kNumPolicies - 1].mainloop == Mainloop::warpgroup_ws)
+      kPolicies[kNumPolicies - 1].mainloop == Mainloop::warpgroup_split_o)
     return kNumPolicies - 1;
   return i;
 }

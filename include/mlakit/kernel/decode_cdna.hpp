@@ -65,7 +65,7 @@ constexpr int cdna_smem_bytes(int rows, int threads, int kv_tile) {
 
 }  // namespace mlakit::detail
 
-#if !defined(MLAKIT_PLATFORM_NONE)
+#if defined(MLAKIT_HAS_GPU_BACKEND)
 
 namespace mlakit::detail {
 
@@ -77,7 +77,7 @@ __device__ void run_cdna_kernel(const KernelArgs& p, unsigned char* smem);
 
 #endif
 
-#if defined(MLAKIT_PLATFORM_HIP)
+#if defined(MLAKIT_HAS_CDNA_KERNELS)
 
 namespace mlakit::detail {
 
@@ -426,4 +426,4 @@ __device__ void run_cdna_kernel(const KernelArgs& p, unsigned char* smem) {
 
 }  // namespace mlakit::detail
 
-#endif  // MLAKIT_PLATFORM_HIP
+#endif  // MLAKIT_HAS_CDNA_KERNELS

@@ -4,7 +4,7 @@
 // Grid (row_tiles, num_ctas): CTA (r, c) processes rows [r*Rows, (r+1)*Rows) of every
 // request piece the planner gave CTA c (row = token * heads + head). Per piece (this file's
 // mainloop: mma.sync on NVIDIA, MFMA on AMD; on sm_90a the 64-row policy runs the
-// warp-specialized mainloop of decode_ws_sm90.hpp in its own kernel instead):
+// warp-specialized mainloop of decode_split_o_sm90.hpp in its own kernel instead):
 //   sQ [Rows, 576] resident in shared memory (compute type, swizzled)
 //   for each KV tile (32 or 64 tokens), gathered through the page mapping into a pipeline
 //   of stages (KV of the compute type and raw e4m3fn bytes by cp.async; other types
@@ -115,9 +115,9 @@ struct DecodeTraits {
   // Q^T k-steps read from LDS (cdna_smem_bytes).
   static constexpr int kSmemBytes =
       kCdna ? cdna_smem_bytes(kRows, kThreads, kKvTile) : kOffRed + kRedBytes + kScaleBytes;
-  // A `warpgroup_ws` policy has its own kernel (decode_ws_sm90.hpp) for sm_90a; this kernel
-  // is then only its fallback on other targets.
-  static constexpr bool kWarpgroupPolicy = kPolicy.mainloop == arch::Mainloop::warpgroup_ws;
+  // A `warpgroup_split_o` policy has its own kernel (decode_split_o_sm90.hpp) for sm_90a; this
+  // kernel is then only its fallback on other targets.
+  static constexpr bool kWarpgroupPolicy = kPolicy.mainloop == arch::Mainloop::warpgroup_split_o;
   // e4m3fn KV of a policy whose fp8 mainloop is keys_as_m, and KV of the Q type of a policy
   // whose direct mainloop is: decode_kernel_kt (decode_kt_sm90.hpp, which checks the policy's
   // row count) on sm_90a, this kernel elsewhere.
@@ -398,6 +398,8 @@ struct DecodeMainloop : PieceContext<Tr> {
     epilogue(pc, m_run, l_run, o, rg, cg, lane);
   }
 
+  // One KV tile of this warp: S = Q K^T, scale and mask, the running max over the column
+  // groups, P = exp2(S - m) to sP, the running sum and O rescaled, O += P V.
   __device__ void tile_step(const void* tile_ptr, int kt, bool need_mask, const int* row_limit,
                             float* m_run, float* l_run, typename Atom::Acc* o, int rg, int cg,
                             int lane) const {
@@ -407,8 +409,10 @@ struct DecodeMainloop : PieceContext<Tr> {
     const T* tile = static_cast<const T*>(tile_ptr);
     const unsigned char* raw = static_cast<const unsigned char*>(tile_ptr);
 
-    // S = Q K^T for this warp's rows and keys. With few n-tiles per warp the mma chain on
-    // one accumulator is the critical path, so even and odd k32 steps accumulate separately.
+    // S = Q K^T for this warp's rows and keys: [16 rows from r0, kKeysPerWarp keys from
+    // key0] as kNTilesS accumulators, P in place later. With few n-tiles per warp the mma
+    // chain on one accumulator is the critical path, so even and odd k32 steps accumulate
+    // separately (s2). Written out here, not a step of its own: see the note below.
     constexpr int kChains = Tr::kNTilesS >= 4 ? 1 : 2;
     typename Atom::Acc s[Tr::kNTilesS], s2[kChains > 1 ? Tr::kNTilesS : 1];
 #pragma unroll
@@ -465,8 +469,29 @@ struct DecodeMainloop : PieceContext<Tr> {
         for (int i = 0; i < Atom::kAccPerLane; ++i) s[n][i] += s2[n][i];
     }
 
-    // Scale into base-2 units, mask, and the row max of this warp's keys.
+    // The steps' arrays are declared here, not inside the steps, and S = Q K^T above is no
+    // step of its own: a float array local to an inlined step (mt, sc), or S's loop in a
+    // function (s and s2 passed in, or returned in a struct), gives ptxas the same
+    // instructions in another virtual-register order, and some kernels another allocation.
     float mt[kSlots], sc[kSlots];
+    scale_mask_row_max(s, mt, sc, kt, need_mask, row_limit, r0, key0, cg, lane);
+    block_sync();  // every column group's row max is in sMax
+    float m_use[kSlots], alpha[kSlots], lsum[kSlots];
+    const bool moved = update_running_max(m_run, m_use, alpha, r0, lane);
+    store_probabilities(s, m_use, lsum, r0, key0, lane);
+    rescale_running_state(l_run, o, alpha, lsum, moved);
+    block_sync();  // sP holds the whole tile's P
+    accumulate_pv(o, tile_ptr, r0, cg, lane);
+  }
+
+  // S scaled into base-2 units (and by Q's per-row factor in the e4m3 operand mode), keys at
+  // or past a row's limit set to -inf, and the row max of this warp's keys written to
+  // sMax[cg][row].
+  // mt, sc: [kSlots] scratch (the row max, the scale of each row slot).
+  __device__ __forceinline__ void scale_mask_row_max(typename Atom::Acc* s, float* mt, float* sc,
+                                                     int kt, bool need_mask, const int* row_limit,
+                                                     int r0, int key0, int cg, int lane) const {
+    constexpr int kSlots = Atom::kRowsPerLane;
 #pragma unroll
     for (int sl = 0; sl < kSlots; ++sl) {
       mt[sl] = neg_inf();
@@ -490,9 +515,14 @@ struct DecodeMainloop : PieceContext<Tr> {
       mt[sl] = Atom::row_max(mt[sl]);
       sMax()[cg * Tr::kRows + r0 + Atom::slot_row(sl, lane)] = mt[sl];
     }
-    block_sync();
+  }
 
-    float m_use[kSlots], alpha[kSlots], lsum[kSlots];
+  // The online-softmax update of the running max from the column groups' row maxima:
+  // m_use[slot] is the exponent base P is taken against, alpha[slot] the factor that rescales
+  // the running sum and O. Returns whether any slot's running max changed (else alpha is 1).
+  __device__ __forceinline__ bool update_running_max(float* m_run, float* m_use, float* alpha,
+                                                     int r0, int lane) const {
+    constexpr int kSlots = Atom::kRowsPerLane;
     bool moved = false;
 #pragma unroll
     for (int sl = 0; sl < kSlots; ++sl) {
@@ -504,10 +534,18 @@ struct DecodeMainloop : PieceContext<Tr> {
       alpha[sl] = fast_exp2(m_run[sl] - m_use[sl]);
       moved = moved || m_new != m_run[sl];
       m_run[sl] = m_new;
-      lsum[sl] = 0.0f;
     }
+    return moved;
+  }
 
-    // P = exp2(S - m), written to sP in the compute type.
+  // P = exp2(S - m_use), left in s and written to sP in the compute type; lsum[slot] the row
+  // sums of this warp's P.
+  __device__ __forceinline__ void store_probabilities(typename Atom::Acc* s, const float* m_use,
+                                                      float* lsum, int r0, int key0,
+                                                      int lane) const {
+    constexpr int kSlots = Atom::kRowsPerLane;
+#pragma unroll
+    for (int sl = 0; sl < kSlots; ++sl) lsum[sl] = 0.0f;
     T* sp = sP();
 #pragma unroll
     for (int n = 0; n < Tr::kNTilesS; ++n) {
@@ -533,6 +571,13 @@ struct DecodeMainloop : PieceContext<Tr> {
         }
       }
     }
+  }
+
+  // The running sum and O rescaled by alpha, then this tile's row sums added.
+  __device__ __forceinline__ void rescale_running_state(float* l_run, typename Atom::Acc* o,
+                                                        const float* alpha, const float* lsum,
+                                                        bool moved) const {
+    constexpr int kSlots = Atom::kRowsPerLane;
 #pragma unroll
     for (int sl = 0; sl < kSlots; ++sl) l_run[sl] = l_run[sl] * alpha[sl] + lsum[sl];
     if (moved) {  // else every alpha is 1
@@ -541,9 +586,14 @@ struct DecodeMainloop : PieceContext<Tr> {
 #pragma unroll
         for (int i = 0; i < Atom::kAccPerLane; ++i) o[n][i] *= alpha[Atom::row_slot(i)];
     }
-    block_sync();
+  }
 
-    // O += P V over this warp's V columns (V = the first 512 columns of the KV tile).
+  // O += P V over this warp's V columns (V = the first 512 columns of the KV tile), P from sP.
+  __device__ __forceinline__ void accumulate_pv(typename Atom::Acc* o, const void* tile_ptr, int r0,
+                                                int cg, int lane) const {
+    const T* tile = static_cast<const T*>(tile_ptr);
+    const unsigned char* raw = static_cast<const unsigned char*>(tile_ptr);
+    const T* sp = sP();
     const int vcol0 = cg * Tr::kVColsPerWarp;
     if constexpr (Tr::kFp8Operands) {
       // o[2c + e] is the n-tile of columns vcol0 + 16c + 2n + e (see load_b_kn_e4m3).
@@ -655,7 +705,7 @@ template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, launch_bounds_residency(Tr::kThreads, Tr::kCtasPerSm))
     decode_kernel(const KernelArgs p) {
 #if defined(MLAKIT_WGMMA_ENABLED)
-  // sm_90a code: the host launches decode_kernel_ws for warpgroup policies, never this one.
+  // sm_90a code: the host launches decode_kernel_split_o for warpgroup policies, never this one.
   constexpr bool kSkip = Tr::kWarpgroupPolicy;
 #else
   constexpr bool kSkip = false;

@@ -32,16 +32,22 @@
 //   MLAKIT_HAS_GPU_BACKEND   CUDA, HIP or the emulated AMD device: kernels, launches and
 //                            runtime calls exist (not defined in a host-only build, which keeps
 //                            the host API: validation, workspace sizes, plans, the reference).
-//   MLAKIT_HAS_SM90A_KERNELS the Hopper wgmma kernels (kernel/decode_ws_sm90.hpp,
+//   MLAKIT_HAS_SM90A_KERNELS the Hopper wgmma kernels (kernel/decode_split_o_sm90.hpp,
 //                            kernel/decode_kt_sm90.hpp) are compiled: NVIDIA. Whether a device
 //                            runs their sm_90a code is a run-time probe (platform/runtime.hpp).
 //   MLAKIT_HAS_CDNA_KERNELS  the CDNA mainloop (kernel/decode_cdna.hpp) is compiled: AMD.
+//   MLAKIT_HAS_CUDA_RUNTIME_API  the GPU runtime answers cuda* calls (CUDA graphs, events):
+//                            for tests and examples that exercise one runtime's own API.
+//   MLAKIT_HAS_HIP_RUNTIME_API   the GPU runtime answers hip* calls (the emulated AMD device
+//                            provides them too).
 #if !defined(MLAKIT_PLATFORM_NONE)
 #define MLAKIT_HAS_GPU_BACKEND 1
 #endif
 #if defined(MLAKIT_PLATFORM_CUDA)
 #define MLAKIT_HAS_SM90A_KERNELS 1
+#define MLAKIT_HAS_CUDA_RUNTIME_API 1
 #endif
 #if defined(MLAKIT_PLATFORM_HIP)
 #define MLAKIT_HAS_CDNA_KERNELS 1
+#define MLAKIT_HAS_HIP_RUNTIME_API 1
 #endif

@@ -1,6 +1,7 @@
 #pragma once
-// Hopper warp-specialized mainloop of the 64-row policy (sm_90a device code only; on other
-// targets the host launches the mma.sync mainloop of decode_kernel.hpp for the same policy).
+// Hopper warp-specialized split-O mainloop of the 64-row policy: its two consumer warpgroups
+// split the output columns (sm_90a device code only; on other targets the host launches the
+// mma.sync mainloop of decode_kernel.hpp for the same policy).
 //
 // 384 threads = three warpgroups:
 //   warpgroup 2, producer (40 registers; 56 for e4m3fn and dynamic-dtype KV): fetches KV tiles
@@ -64,13 +65,13 @@ namespace mlakit::detail {
 // 1024-byte aligned for the 128-byte swizzle) and the small state in static shared memory
 // (2 KB). Only sm_90a code of the kernel declares the static part, so its size also tells the
 // host which code the runtime loaded (warpgroup_usable() in api/decode.hpp).
-struct WsSharedStorage {
+struct SplitOSharedStorage {
   static constexpr int kTileBytes = 9 * Swizzle128Tile<64>::kChunkBytes;  // [64 x 576] 16-bit
   alignas(1024) unsigned char q[kTileBytes];      // Q [64 rows x 576], compute type
   alignas(1024) unsigned char kv[2][kTileBytes];  // KV stages [64 tokens x 576]
   alignas(1024) unsigned char p[64 * 64 * 2];     // P of one tile [64 rows x 64 keys], K-major
 };
-struct alignas(1024) WsStaticStorage {
+struct alignas(1024) SplitOStaticStorage {
   using Pipeline = arch::RingPipeline<2, 9, 2, 128>;
   // Running max after tile A (slot 2 k) / tile B (slot 2 k + 1) of a pair, k = pair parity:
   // a slot is rewritten two pairs after it was read.
@@ -81,13 +82,13 @@ struct alignas(1024) WsStaticStorage {
 };
 
 template <class Tr>
-struct WsMainloop {
+struct SplitOMainloop {
   using T = typename Tr::T;
   using Tq = typename Tr::Tq;
   using W = arch::Wgmma<T>;
   using Copy = typename Tr::Copy;
   using Tile = Swizzle128Tile<64>;
-  using Pipeline = WsStaticStorage::Pipeline;
+  using Pipeline = SplitOStaticStorage::Pipeline;
   using State = arch::PipelineState<2>;
   static constexpr int kThreads = 384;
   static constexpr int kConsumerThreads = 256;
@@ -111,12 +112,12 @@ struct WsMainloop {
   template <int C0, int C1>
   static constexpr int kRawBase = C1* kChunkBytes - (C1 - C0) * 4096;
   static_assert(Tr::kRows == 64, "the warp-specialized mainloop serves 64-row tiles");
-  static_assert(sizeof(WsSharedStorage) + sizeof(WsStaticStorage) <= 232448,
+  static_assert(sizeof(SplitOSharedStorage) + sizeof(SplitOStaticStorage) <= 232448,
                 "fits the 227 KB of an sm_90 block");
 
-  PieceContext<Tr>& ctx;     // the piece: request, row tile, addressing
-  WsSharedStorage& tiles;    // Q, the KV stages and P (dynamic shared memory)
-  WsStaticStorage& state;    // row maxima, sums, Q scales, barriers (static shared memory)
+  PieceContext<Tr>& ctx;       // the piece: request, row tile, addressing
+  SplitOSharedStorage& tiles;  // Q, the KV stages and P (dynamic shared memory)
+  SplitOStaticStorage& state;  // row maxima, sums, Q scales, barriers (static shared memory)
 
   // ---- the piece a CTA works on ----------------------------------------------------------
   struct Range {
@@ -845,21 +846,25 @@ struct WsMainloop {
   }
 };
 
-// The kernel of the warp-specialized mainloop: same grid, plan and workspace as
-// decode_kernel<Tr>; 384 threads, one CTA per SM.
+// The split-O kernel: the 64-row warp-specialized mainloop, whose two consumer warpgroups
+// each compute half of O's 512 columns (warpgroup w: 256w .. 256w + 255). Same grid, plan
+// and workspace as decode_kernel<Tr>; 384 threads, one CTA per SM.
 template <class Tr>
-__global__ void __launch_bounds__(384, 1) decode_kernel_ws(const KernelArgs p) {
+__global__ void __launch_bounds__(384, 1) decode_kernel_split_o(const KernelArgs p) {
 #if defined(MLAKIT_WGMMA_ENABLED)
   extern __shared__ __align__(1024) unsigned char smem[];
-  __shared__ WsStaticStorage state;
-  WsSharedStorage& tiles = *reinterpret_cast<WsSharedStorage*>(smem);
-  using ML = WsMainloop<Tr>;
+  __shared__ SplitOStaticStorage state;
+  SplitOSharedStorage& tiles = *reinterpret_cast<SplitOSharedStorage*>(smem);
+  using ML = SplitOMainloop<Tr>;
   const int row_tile = static_cast<int>(blockIdx.x);
   const int cta = cta_slot(static_cast<int>(blockIdx.y), static_cast<int>(gridDim.y));
   const CtaPlan cp = p.ws.ctas[cta];
   const int per_cta = p.ws.header[1];
-  // The context spelled out rather than through PieceContext::of_tile: ptxas schedules the
-  // dynamic-KV producer differently through that function, and this code is the validated one.
+  // The context spelled out, not PieceContext::of_tile(p, row_tile): through of_tile the
+  // sm_90a code of 4 of the dispatch table's 12 instances of this kernel differs (kv_any_t KV,
+  // bf16 and fp16 Q: 8 instructions more; e4m3fn KV with the shape read at run time, bf16
+  // and fp16 Q: as many instructions, another order and allocation). The other 8 (KV of the
+  // Q type; e4m3fn KV at 16 heads x q_len 4 and 8) are identical either way.
   PieceContext<Tr> ctx{p, 0, row_tile, Tr::heads(p.a), Tr::q_len(p.a), 0, 0, Tr::causal(p.a),
                        Tr::kv_dtype(p.a), 0};
   ctx.rows = ctx.heads * ctx.q_len;
