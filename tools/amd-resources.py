@@ -296,15 +296,16 @@ def demangle(names):
 
 def short_name(d):
     m = re.search(r"decode_kernel<mlakit::detail::DecodeTraits<mlakit::Problem<mlakit::(\w+), "
-                  r"(?:mlakit::)?(\w+), (-?\d+), (-?\d+), \(mlakit::Causal\)(\d)>, (\d+)"
-                  r"(?:, (?:true|false))?> >", d)
+                  r"(?:mlakit::)?(\w+), (-?\d+), (-?\d+), \(mlakit::Causal\)(\d)"
+                  r"(?:, \(mlakit::CacheForm\)(\d))?>, (\d+)(?:, (?:true|false))?> >", d)
     if m:
-        q, kv, h, ql, c, pol = m.groups()
+        q, kv, h, ql, c, form, pol = m.groups()
         q = q.replace("_t", "")
         kv = {"kv_any_t": "any"}.get(kv, kv.replace("fp8_", "").replace("_t", ""))
         shape = "" if h == "0" else f" h{h} q{ql}"
         causal = {"0": " no-mask", "1": " causal", "2": ""}[c]
-        return f"decode {q}/{kv}{shape}{causal} (policy {pol})", int(pol)
+        rope = " kv_rope" if form == "1" else ""
+        return f"decode {q}/{kv}{shape}{causal}{rope} (policy {pol})", int(pol)
     m = re.search(r"(plan_kernel|combine_kernel)<([^>]*)>", d)
     if m:
         return f"{m.group(1)}<{m.group(2).replace('mlakit::', '')}>", None
