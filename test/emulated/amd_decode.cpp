@@ -103,6 +103,32 @@ TEST_CASE("emulated decode: a separate rotary cache (kv_rope)", "[amd-decode]") 
       c.seed = 40 + i++;
       check_case(c);
     }
+  // A split instantiation launched directly with a joined cache (kv_rope null) reads the
+  // rotary values from columns 512.. of kv; the joined instantiation, given kv_rope, names it.
+  for (DType kv : {DType::bf16, DType::fp8_e4m3fnuz}) {
+    Case c = seed_shape();
+    c.kv_type = kv;
+    c.seed = 60 + int(kv);
+    TestProblem P;
+    build(P, c);
+    REQUIRE(P.ok);
+    REQUIRE(P.dev.kv_rope == nullptr);
+    DeviceBuffer ws(workspace_for(P.dev));
+    Outcome o = run_device(P, ws, nullptr, [](const DecodeArgs& a, void* w, std::size_t b, Stream s) {
+      return Decode<WithCacheForm<Problem<bf16_t, kv_any_t>, CacheForm::split>>::launch(a, w, b, s);
+    });
+    check_outcome(P, o);
+  }
+  Case c = seed_shape();
+  c.split_cache = true;
+  TestProblem P;
+  build(P, c);
+  REQUIRE(P.ok);
+  DeviceBuffer ws(workspace_for(P.dev));
+  const Status s = Decode<Problem<bf16_t, kv_any_t>>::launch(P.dev, ws.ptr, ws.bytes, nullptr);
+  INFO(s.message());
+  CHECK(s.code() == StatusCode::invalid_argument);
+  CHECK(s.message().rfind("kv_rope = non-null:", 0) == 0);
 }
 
 TEST_CASE("emulated decode: every dtype pair", "[amd-decode]") {

@@ -299,7 +299,9 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   KernelArgs k;
   k.a = a;
   k.a.block_table_stride = block_table_row_stride(a);  // 0 (packed) resolved for the kernel
-  resolve_rope_part(k.a);  // split instantiations read the rotary values through kv_rope
+  // Only split instantiations read kv_rope: a joined cache's rotary part is resolved for them
+  // (a user's own split Problem called without kv_rope reads columns 512.. of kv).
+  if constexpr (Problem::kSplitCache) resolve_rope_part(k.a);
   k.shape = shape;
   k.ws = workspace_view(workspace, wl, rows_padded);
   k.scale_log2 = a.softmax_scale * a.kv_scale * kLog2e;
