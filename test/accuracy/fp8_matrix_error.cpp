@@ -8,8 +8,9 @@
 //                                      within its bf16 roundings; exit status 1 otherwise
 //
 // Each row of the attention is modelled step by step as a mainloop computes it:
-//   - Q: 16-bit as given, or quantised with a per-row scale (the row's largest magnitude onto
-//     the format's largest value) to one e4m3 plane, or two (hi = e4m3(x), lo = e4m3(x - hi)).
+//   - Q: 16-bit as given, or divided by a per-row scale (a power of two, or the row's largest
+//     magnitude over the format's largest value) and quantised to one e4m3 plane, or two
+//     (hi = e4m3(x), lo = e4m3(x - hi)).
 //   - K and V: the cache's fp8 values, exact in every arithmetic (the reference uses them too).
 //   - S = Q K^T in k-steps (32 dims for e4m3 products, 16 for 16-bit ones), summed into an
 //     accumulator either with f32 rounding per k-step or with the truncated alignment model of
@@ -62,6 +63,7 @@ struct Arith {
   int s_promote;    // S: k-steps per accumulator chain before an f32 register add (0: never)
   int o_promote;    // O: tiles per chain (0: never, the chain spans the whole row)
   bool l_quantised; // l from the quantised P instead of the f32 P
+  bool q_pow2 = true;  // Q's scale a power of two (else amax / the format's largest value)
 };
 
 // One k-step: acc + sum(t[0..n)), rounded as the accumulation model says.
@@ -113,7 +115,14 @@ RowResult model_row(const Arith& a, Fp8 fmt, const std::vector<double>& q,
   } else {
     double amax = 0;
     for (double x : q) amax = std::max(amax, std::fabs(x));
+    // A power-of-two scale keeps x = q / scale a 16-bit value (bf16: 8 significant bits,
+    // which two e4m3 planes hold exactly unless lo falls into e4m3's subnormals); the
+    // largest one with amax / scale <= the format's largest value.
     qs = amax > 0 ? double(float(amax / fp8_max(fmt))) : 1.0;
+    if (a.q_pow2 && amax > 0) {
+      qs = std::ldexp(1.0, std::ilogb(qs));
+      if (amax / qs > fp8_max(fmt)) qs *= 2;
+    }
     for (int i = 0; i < kDims; ++i) {
       const double x = double(float(q[i] / qs));
       qh[i] = fp8_round(x, fmt);
@@ -307,17 +316,18 @@ int main(int argc, char** argv) {
   }
   const Arith ariths[] = {
       {"16-bit compute (kernels now)", 0, 0, 0, 0, 0, false},
-      {"Q1 P1, f32 sums", 1, 1, 0, 0, 0, false},
-      {"Q1 P1, 13-bit, S /4", 1, 1, 13, 4, 0, false},
+      {"Q1 P1, f32 sums", 1, 1, 0, 0, 0, false, false},
+      {"Q1 P1, 13-bit, S /4", 1, 1, 13, 4, 0, false, false},
       {"Q2 P1, f32 sums", 2, 1, 0, 0, 0, false},
       {"Q2 P1, 13-bit, no promotion", 2, 1, 13, 0, 0, false},
       {"Q2 P1, 13-bit, S /4", 2, 1, 13, 4, 0, false},
+      {"Q2 P1, 13-bit, S /4, Q scale amax/max", 2, 1, 13, 4, 0, false, false},
       {"Q2 P1, 14-bit, S /4", 2, 1, 14, 4, 0, false},
       {"Q2 P1, 13-bit, S /4, O /1 tile", 2, 1, 13, 4, 1, false},
       {"Q2 P1, 13-bit, S /4, O /64 tiles", 2, 1, 13, 4, 64, false},
       {"Q2 P1, 13-bit, S /4, l from P8", 2, 1, 13, 4, 0, true},
       {"Q2 P2, 13-bit, no promotion", 2, 2, 13, 0, 0, false},
-      {"Q2 P2, 13-bit, S /4", 2, 2, 13, 4, 0, false},
+      {"Q2 P2, 13-bit, S /4, O /64 tiles", 2, 2, 13, 4, 64, false},
   };
   const int rows = 16;
   std::printf("# relative L2 of O (bf16 output) / max |LSE error| against the double reference,"
@@ -339,7 +349,7 @@ int main(int argc, char** argv) {
             sum += e.rel_l2;
             lse = std::max(lse, e.lse_max);
           }
-          std::printf("%-17s %-8s kv %5d  %-34s rel L2 mean %.2e max %.2e  LSE max %.1e\n",
+          std::printf("%-17s %-8s kv %5d  %-38s rel L2 mean %.2e max %.2e  LSE max %.1e\n",
                       data_name(d), fmt == Fp8::e4m3fn ? "e4m3fn" : "e4m3fnuz", len, a.name,
                       sum / double(ins.size()), worst, lse);
           std::fflush(stdout);
