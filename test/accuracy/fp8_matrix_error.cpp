@@ -3,7 +3,7 @@
 // attention on the same inputs. A measurement program, not a test: it prints a table
 // (docs/design.md, "fp8 matrix mode: measured error of the candidate arithmetic").
 //
-//   mlakit_fp8_matrix_error            the full table (about 10 minutes on 2 cores)
+//   mlakit_fp8_matrix_error            the full table (about 12 minutes on 2 idle cores)
 //   mlakit_fp8_matrix_error --check    the 16-bit arithmetic must reproduce the reference to
 //                                      within its bf16 roundings; exit status 1 otherwise
 //
@@ -21,7 +21,8 @@
 //   - O += P V in k-steps over the tile's keys with the same accumulation model, rescaled by
 //     the running max's alpha, optionally promoted every few tiles.
 //   - The row sum l from the unrounded f32 P (as the kernels do now) or from the quantised P.
-//   - The output rounded to bf16; LSE from the base-2 state.
+//   - The output rounded to bf16; LSE from the base-2 state. Split rows: each piece's output
+//     normalised and rounded to bf16, merged in f32 with weights exp(lse_i - LSE).
 // Truncated accumulation model (an assumption, not a measured hardware specification): each
 // fp8 k-step aligns the accumulator and its 32 exact products to the largest exponent among
 // them and keeps `bits` significant bits below it (truncation toward zero), then rounds the
@@ -64,6 +65,8 @@ struct Arith {
   int o_promote;    // O: tiles per chain (0: never, the chain spans the whole row)
   bool l_quantised; // l from the quantised P instead of the f32 P
   bool q_pow2 = true;  // Q's scale a power of two (else amax / the format's largest value)
+  int piece_tiles = 0; // split the row into pieces of this many tiles, merged by their LSEs
+                       // as the combine kernel does (0: one piece)
 };
 
 // One k-step: acc + sum(t[0..n)), rounded as the accumulation model says.
@@ -104,56 +107,18 @@ struct RowResult {
   double lse;
 };
 
-// One attention row: q (576, 16-bit values), kv (len x 576, fp8 values).
-RowResult model_row(const Arith& a, Fp8 fmt, const std::vector<double>& q,
-                    const std::vector<double>& kv, int len) {
-  // Q planes
-  std::vector<double> qh(kDims), ql(kDims, 0.0);
-  double qs = 1.0;
-  if (a.q_planes == 0) {
-    qh = q;
-  } else {
-    double amax = 0;
-    for (double x : q) amax = std::max(amax, std::fabs(x));
-    // A power-of-two scale keeps x = q / scale a 16-bit value (bf16: 8 significant bits,
-    // which two e4m3 planes hold exactly unless lo falls into e4m3's subnormals); the
-    // largest one with amax / scale <= the format's largest value.
-    qs = amax > 0 ? double(float(amax / fp8_max(fmt))) : 1.0;
-    if (a.q_pow2 && amax > 0) {
-      qs = std::ldexp(1.0, std::ilogb(qs));
-      if (amax / qs > fp8_max(fmt)) qs *= 2;
-    }
-    for (int i = 0; i < kDims; ++i) {
-      const double x = double(float(q[i] / qs));
-      qh[i] = fp8_round(x, fmt);
-      if (a.q_planes == 2) ql[i] = fp8_round(x - qh[i], fmt);
-    }
-  }
-  const double row_factor = double(float(qs * double(float(kScale * kLog2e))));
-  const int sstep = a.q_planes == 0 ? 16 : 32;
-  std::vector<double> t(static_cast<std::size_t>(len));
-  std::vector<double> terms(2 * kDims);
-  for (int j = 0; j < len; ++j) {
-    const double* k = &kv[std::size_t(j) * kDims];
-    // Two planes: the hi and lo k-steps interleave in one accumulator (two wgmma per k-step).
-    int n = 0;
-    for (int c = 0; c < kDims; c += sstep) {
-      for (int i = c; i < c + sstep; ++i) terms[n++] = qh[i] * k[i];
-      if (a.q_planes == 2)
-        for (int i = c; i < c + sstep; ++i) terms[n++] = ql[i] * k[i];
-    }
-    const double s = chained_sum(terms.data(), n, sstep, a.acc_bits,
-                                 a.s_promote * (a.q_planes == 2 ? 2 : 1));
-    t[j] = double(float(s * row_factor));
-  }
+// Keys [j_begin, j_end) of one row, scores t (base 2, scaled): a piece's online softmax and
+// P V, its output normalised and rounded to bf16 (as split pieces store it) and its LSE.
+RowResult model_piece(const Arith& a, Fp8 fmt, const std::vector<double>& t,
+                      const std::vector<double>& kv, int j_begin, int j_end) {
   const double pscale = a.p_planes == 0 ? 1.0 : (fmt == Fp8::e4m3fn ? 256.0 : 128.0);
   const int ostep = a.p_planes == 0 ? 16 : 32;
   double m = -INFINITY, l = 0;
   std::vector<double> oreg(kVDims, 0.0), ochain(kVDims, 0.0);
   std::vector<double> ph(kTile), pl(kTile), pt(2 * kTile);
   int tiles = 0;
-  for (int j0 = 0; j0 < len; j0 += kTile) {
-    const int n = std::min(kTile, len - j0);
+  for (int j0 = j_begin; j0 < j_end; j0 += kTile) {
+    const int n = std::min(kTile, j_end - j0);
     double mt = m;
     for (int j = 0; j < n; ++j) mt = std::max(mt, t[j0 + j]);
     const double alpha = m == -INFINITY ? 0.0 : double(float(std::exp2(m - mt)));
@@ -197,6 +162,68 @@ RowResult model_row(const Arith& a, Fp8 fmt, const std::vector<double>& q,
   for (int d = 0; d < kVDims; ++d)
     r.out[d] = bf16_round(double(float(oreg[d] + ochain[d])) / pscale / l);
   r.lse = (m + std::log2(l)) / kLog2e;
+  return r;
+}
+
+
+// One attention row: q (576, 16-bit values), kv (len x 576, fp8 values).
+RowResult model_row(const Arith& a, Fp8 fmt, const std::vector<double>& q,
+                    const std::vector<double>& kv, int len) {
+  // Q planes
+  std::vector<double> qh(kDims), ql(kDims, 0.0);
+  double qs = 1.0;
+  if (a.q_planes == 0) {
+    qh = q;
+  } else {
+    double amax = 0;
+    for (double x : q) amax = std::max(amax, std::fabs(x));
+    // A power-of-two scale keeps x = q / scale a 16-bit value (bf16: 8 significant bits,
+    // which two e4m3 planes hold exactly unless lo falls into e4m3's subnormals); the
+    // largest one with amax / scale <= the format's largest value.
+    qs = amax > 0 ? double(float(amax / fp8_max(fmt))) : 1.0;
+    if (a.q_pow2 && amax > 0) {
+      qs = std::ldexp(1.0, std::ilogb(qs));
+      if (amax / qs > fp8_max(fmt)) qs *= 2;
+    }
+    for (int i = 0; i < kDims; ++i) {
+      const double x = double(float(q[i] / qs));
+      qh[i] = fp8_round(x, fmt);
+      if (a.q_planes == 2) ql[i] = fp8_round(x - qh[i], fmt);
+    }
+  }
+  const double row_factor = double(float(qs * double(float(kScale * kLog2e))));
+  const int sstep = a.q_planes == 0 ? 16 : 32;
+  std::vector<double> t(static_cast<std::size_t>(len));
+  std::vector<double> terms(2 * kDims);
+  for (int j = 0; j < len; ++j) {
+    const double* k = &kv[std::size_t(j) * kDims];
+    // Two planes: the hi and lo k-steps interleave in one accumulator (two wgmma per k-step).
+    int n = 0;
+    for (int c = 0; c < kDims; c += sstep) {
+      for (int i = c; i < c + sstep; ++i) terms[n++] = qh[i] * k[i];
+      if (a.q_planes == 2)
+        for (int i = c; i < c + sstep; ++i) terms[n++] = ql[i] * k[i];
+    }
+    const double s = chained_sum(terms.data(), n, sstep, a.acc_bits,
+                                 a.s_promote * (a.q_planes == 2 ? 2 : 1));
+    t[j] = double(float(s * row_factor));
+  }
+  if (a.piece_tiles == 0 || len <= a.piece_tiles * kTile) return model_piece(a, fmt, t, kv, 0, len);
+  // Pieces merged in f32 by their LSEs: weights exp(lse_i - LSE), the combine's rule.
+  std::vector<RowResult> parts;
+  for (int j0 = 0; j0 < len; j0 += a.piece_tiles * kTile)
+    parts.push_back(model_piece(a, fmt, t, kv, j0, std::min(len, j0 + a.piece_tiles * kTile)));
+  double mx = -INFINITY, sum = 0;
+  for (const RowResult& p : parts) mx = std::max(mx, p.lse);
+  for (const RowResult& p : parts) sum += double(float(std::exp(p.lse - mx)));
+  RowResult r;
+  r.lse = mx + std::log(sum);
+  r.out.assign(kVDims, 0.0);
+  for (const RowResult& p : parts) {
+    const double w = double(float(std::exp(p.lse - r.lse)));
+    for (int d = 0; d < kVDims; ++d) r.out[d] = double(float(r.out[d] + w * p.out[d]));
+  }
+  for (double& x : r.out) x = bf16_round(x);
   return r;
 }
 
@@ -325,6 +352,7 @@ int main(int argc, char** argv) {
       {"Q2 P1, 14-bit, S /4", 2, 1, 14, 4, 0, false},
       {"Q2 P1, 13-bit, S /4, O /1 tile", 2, 1, 13, 4, 1, false},
       {"Q2 P1, 13-bit, S /4, O /64 tiles", 2, 1, 13, 4, 64, false},
+      {"Q2 P1, 13-bit, S /4, pieces of 64 tiles", 2, 1, 13, 4, 0, false, true, 64},
       {"Q2 P1, 13-bit, S /4, l from P8", 2, 1, 13, 4, 0, true},
       {"Q2 P2, 13-bit, no promotion", 2, 2, 13, 0, 0, false},
       {"Q2 P2, 13-bit, S /4, O /64 tiles", 2, 2, 13, 4, 64, false},
@@ -349,7 +377,7 @@ int main(int argc, char** argv) {
             sum += e.rel_l2;
             lse = std::max(lse, e.lse_max);
           }
-          std::printf("%-17s %-8s kv %5d  %-38s rel L2 mean %.2e max %.2e  LSE max %.1e\n",
+          std::printf("%-17s %-8s kv %5d  %-40s rel L2 mean %.2e max %.2e  LSE max %.1e\n",
                       data_name(d), fmt == Fp8::e4m3fn ? "e4m3fn" : "e4m3fnuz", len, a.name,
                       sum / double(ins.size()), worst, lse);
           std::fflush(stdout);
