@@ -1,11 +1,13 @@
 // Error of candidate arithmetics for an fp8 matrix mode (both products on e4m3 tensor cores),
 // next to the 16-bit compute path of the decode kernels, against the double-precision softmax
 // attention on the same inputs. A measurement program, not a test: it prints a table
-// (docs/design.md, "fp8 matrix mode: measured error of the candidate arithmetic").
+// (docs/design.md, "The fp8 matrix mode (not built): the error of its candidate arithmetic").
 //
 //   mlakit_fp8_matrix_error            the full table (about 12 minutes on 2 idle cores)
 //   mlakit_fp8_matrix_error --check    the 16-bit arithmetic must reproduce the reference to
-//                                      within its bf16 roundings; exit status 1 otherwise
+//                                      within its bf16 roundings, and two e4m3 planes must
+//                                      hold every bf16 value of their range; exit status 1
+//                                      otherwise
 //
 // Each row of the attention is modelled step by step as a mainloop computes it:
 //   - Q: 16-bit as given, or divided by a per-row scale (a power of two, or the row's largest
@@ -338,6 +340,21 @@ int main(int argc, char** argv) {
       std::printf("check %s: rel L2 %.3e, LSE %.3e\n", fmt == Fp8::e4m3fn ? "e4m3fn" : "e4m3fnuz",
                   e.rel_l2, e.lse_max);
       ok = ok && e.rel_l2 < 4e-3 && e.lse_max < 1e-5;
+      // The two-plane claim behind the Q arithmetic: every bf16 value x with
+      // 2^-2 (e4m3fn; e4m3fnuz 2^-3) <= |x| <= the format's largest value is hi + lo exactly
+      // (lo's last bit, 2^-7 of x's binade, is then no finer than the subnormal step).
+      const double lowest = fmt == Fp8::e4m3fn ? 0.25 : 0.125;
+      int inexact = 0, covered = 0;
+      for (std::uint32_t bits = 0; bits < 0x10000u; ++bits) {
+        const double x = mlakit::decode_bf16(std::uint16_t(bits));
+        if (!(std::fabs(x) >= lowest && std::fabs(x) <= fp8_max(fmt))) continue;
+        ++covered;
+        const double hi = fp8_round(x, fmt);
+        if (hi + fp8_round(x - hi, fmt) != x) ++inexact;
+      }
+      std::printf("check %s: %d of %d bf16 values in range not exact in two planes\n",
+                  fmt == Fp8::e4m3fn ? "e4m3fn" : "e4m3fnuz", inexact, covered);
+      ok = ok && inexact == 0 && covered > 0;
     }
     return ok ? 0 : 1;
   }
