@@ -237,7 +237,12 @@ TEST_CASE("a separate rotary cache (kv_rope) in every kernel family", "[gpu]") {
     c.seed = 2500 + i++;
     check_case(c);
   }
-  // A joined instantiation launched directly names kv_rope instead of reading columns 512..
+}
+
+// A joined instantiation launched directly with kv_rope set names it instead of reading the
+// rotary values from columns 512.. of kv (no kernel runs).
+TEST_CASE("a joined instantiation given kv_rope names it", "[gpu]") {
+  MLAKIT_REQUIRE_GPU();
   Case c = crash_shape();
   c.kv_type = DType::fp16;
   c.split_cache = true;
