@@ -178,6 +178,23 @@ TEST_CASE("fp8 decode: known values", "[numeric][fp8]") {
   CHECK(decode_fp8(DType::fp8_e4m3fn, 0x7E) == 448.0f);
   CHECK(decode_fp8(DType::fp8_e4m3fnuz, 0x7F) == 240.0f);
   CHECK(std::isnan(decode_fp8(DType::bf16, 0x38)));
+  // encode_fp8 and fp8_max by dtype: the format's own encoder and largest finite value.
+  CHECK(encode_fp8(DType::fp8_e4m3fn, 448.0f) == 0x7E);
+  CHECK(encode_fp8(DType::fp8_e4m3fnuz, 240.0f) == 0x7F);
+  CHECK(encode_fp8(DType::fp8_e4m3fn, -1e9f) == 0xFE);
+  CHECK(encode_fp8(DType::fp8_e4m3fnuz, 1.0f) == 0x40);
+  CHECK(encode_fp8(DType::bf16, 1.0f) == 0x00);
+  CHECK(fp8_max(DType::fp8_e4m3fn) == 448.0f);
+  CHECK(fp8_max(DType::fp8_e4m3fnuz) == 240.0f);
+  CHECK(fp8_max(DType::fp16) == 0.0f);
+  for (unsigned c = 0; c < 256; ++c) {
+    const auto b = static_cast<std::uint8_t>(c);
+    if (!std::isnan(decode_e4m3fn(b)))
+      CHECK(encode_fp8(DType::fp8_e4m3fn, decode_e4m3fn(b)) == encode_e4m3fn(decode_e4m3fn(b)));
+    if (!std::isnan(decode_e4m3fnuz(b)))
+      CHECK(encode_fp8(DType::fp8_e4m3fnuz, decode_e4m3fnuz(b)) ==
+            encode_e4m3fnuz(decode_e4m3fnuz(b)));
+  }
 }
 
 TEST_CASE("fp8 encode: round trip of every non-NaN code", "[numeric][fp8]") {

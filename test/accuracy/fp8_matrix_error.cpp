@@ -49,13 +49,9 @@ constexpr int kTile = 64;      // keys per tile
 constexpr double kScale = 0.07216878364870322;  // 1/sqrt(192), DeepSeek-V3's softmax scale
 constexpr double kLog2e = 1.4426950408889634;
 
-enum class Fp8 { e4m3fn, e4m3fnuz };
+using Fp8 = mlakit::DType;  // fp8_e4m3fn or fp8_e4m3fnuz
 
-double fp8_round(double x, Fp8 f) {
-  return f == Fp8::e4m3fn ? mlakit::decode_e4m3fn(mlakit::encode_e4m3fn(float(x)))
-                          : mlakit::decode_e4m3fnuz(mlakit::encode_e4m3fnuz(float(x)));
-}
-double fp8_max(Fp8 f) { return f == Fp8::e4m3fn ? 448.0 : 240.0; }
+double fp8_round(double x, Fp8 f) { return mlakit::decode_fp8(f, mlakit::encode_fp8(f, float(x))); }
 double bf16_round(double x) { return mlakit::decode_bf16(mlakit::encode_bf16(float(x))); }
 
 struct Arith {
@@ -113,7 +109,7 @@ struct RowResult {
 // P V, its output normalised and rounded to bf16 (as split pieces store it) and its LSE.
 RowResult model_piece(const Arith& a, Fp8 fmt, const std::vector<double>& t,
                       const std::vector<double>& kv, int j_begin, int j_end) {
-  const double pscale = a.p_planes == 0 ? 1.0 : (fmt == Fp8::e4m3fn ? 256.0 : 128.0);
+  const double pscale = a.p_planes == 0 ? 1.0 : (fmt == Fp8::fp8_e4m3fn ? 256.0 : 128.0);
   const int ostep = a.p_planes == 0 ? 16 : 32;
   double m = -INFINITY, l = 0;
   std::vector<double> oreg(kVDims, 0.0), ochain(kVDims, 0.0);
@@ -182,10 +178,10 @@ RowResult model_row(const Arith& a, Fp8 fmt, const std::vector<double>& q,
     // A power-of-two scale keeps x = q / scale a 16-bit value (bf16: 8 significant bits,
     // which two e4m3 planes hold exactly unless lo falls into e4m3's subnormals); the
     // largest one with amax / scale <= the format's largest value.
-    qs = amax > 0 ? double(float(amax / fp8_max(fmt))) : 1.0;
+    qs = amax > 0 ? double(float(amax / mlakit::fp8_max(fmt))) : 1.0;
     if (a.q_pow2 && amax > 0) {
       qs = std::ldexp(1.0, std::ilogb(qs));
-      if (amax / qs > fp8_max(fmt)) qs *= 2;
+      if (amax / qs > mlakit::fp8_max(fmt)) qs *= 2;
     }
     for (int i = 0; i < kDims; ++i) {
       const double x = double(float(q[i] / qs));
@@ -332,28 +328,28 @@ int main(int argc, char** argv) {
     // k-step chaining, scales) shows as an error far above the bound.
     const Arith exact{"f32, 16-bit", 0, 0, 0, 0, 0, false};
     bool ok = true;
-    for (Fp8 fmt : {Fp8::e4m3fn, Fp8::e4m3fnuz}) {
+    for (Fp8 fmt : {Fp8::fp8_e4m3fn, Fp8::fp8_e4m3fnuz}) {
       const int len = 200;
       const Inputs in = make_inputs(Data::normal, fmt, 8, len, 7);
       const auto ref = reference_rows(in, len);
       const Errors e = measure(exact, fmt, in, len, ref);
-      std::printf("check %s: rel L2 %.3e, LSE %.3e\n", fmt == Fp8::e4m3fn ? "e4m3fn" : "e4m3fnuz",
+      std::printf("check %s: rel L2 %.3e, LSE %.3e\n", mlakit::dtype_name(fmt),
                   e.rel_l2, e.lse_max);
       ok = ok && e.rel_l2 < 4e-3 && e.lse_max < 1e-5;
       // The two-plane claim behind the Q arithmetic: every bf16 value x with
       // 2^-2 (e4m3fn; e4m3fnuz 2^-3) <= |x| <= the format's largest value is hi + lo exactly
       // (lo's last bit, 2^-7 of x's binade, is then no finer than the subnormal step).
-      const double lowest = fmt == Fp8::e4m3fn ? 0.25 : 0.125;
+      const double lowest = fmt == Fp8::fp8_e4m3fn ? 0.25 : 0.125;
       int inexact = 0, covered = 0;
       for (std::uint32_t bits = 0; bits < 0x10000u; ++bits) {
         const double x = mlakit::decode_bf16(std::uint16_t(bits));
-        if (!(std::fabs(x) >= lowest && std::fabs(x) <= fp8_max(fmt))) continue;
+        if (!(std::fabs(x) >= lowest && std::fabs(x) <= mlakit::fp8_max(fmt))) continue;
         ++covered;
         const double hi = fp8_round(x, fmt);
         if (hi + fp8_round(x - hi, fmt) != x) ++inexact;
       }
       std::printf("check %s: %d of %d bf16 values in range not exact in two planes\n",
-                  fmt == Fp8::e4m3fn ? "e4m3fn" : "e4m3fnuz", inexact, covered);
+                  mlakit::dtype_name(fmt), inexact, covered);
       ok = ok && inexact == 0 && covered > 0;
     }
     return ok ? 0 : 1;
@@ -378,7 +374,7 @@ int main(int argc, char** argv) {
   std::printf("# relative L2 of O (bf16 output) / max |LSE error| against the double reference,"
               " %d rows x 3 seeds per cell, softmax scale 1/sqrt(192)\n", rows);
   for (Data d : {Data::normal, Data::outlier_qk, Data::outlier_q})
-    for (Fp8 fmt : {Fp8::e4m3fn, Fp8::e4m3fnuz})
+    for (Fp8 fmt : {Fp8::fp8_e4m3fn, Fp8::fp8_e4m3fnuz})
       for (int len : {64, 1024, 8192, 32768}) {
         std::vector<Inputs> ins;
         std::vector<std::vector<RowResult>> refs;
@@ -395,7 +391,7 @@ int main(int argc, char** argv) {
             lse = std::max(lse, e.lse_max);
           }
           std::printf("%-17s %-8s kv %5d  %-40s rel L2 mean %.2e max %.2e  LSE max %.1e\n",
-                      data_name(d), fmt == Fp8::e4m3fn ? "e4m3fn" : "e4m3fnuz", len, a.name,
+                      data_name(d), mlakit::dtype_name(fmt), len, a.name,
                       sum / double(ins.size()), worst, lse);
           std::fflush(stdout);
         }

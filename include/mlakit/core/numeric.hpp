@@ -263,4 +263,17 @@ MLAKIT_HOST_DEVICE constexpr float decode_fp8(DType t, std::uint8_t byte) {
                                     : bits_to_float(detail::kF32QuietNaN);
 }
 
+// The matching encoder (saturating, as encode_e4m3fn / encode_e4m3fnuz); a 16-bit or invalid
+// dtype gives the code 0.
+MLAKIT_HOST_DEVICE constexpr std::uint8_t encode_fp8(DType t, float x) {
+  return t == DType::fp8_e4m3fn     ? encode_e4m3fn(x)
+         : t == DType::fp8_e4m3fnuz ? encode_e4m3fnuz(x)
+                                    : std::uint8_t(0);
+}
+
+// The largest finite value of an fp8 format (e4m3fn 448, e4m3fnuz 240); 0 for other dtypes.
+MLAKIT_HOST_DEVICE constexpr float fp8_max(DType t) {
+  return t == DType::fp8_e4m3fn ? 448.0f : t == DType::fp8_e4m3fnuz ? 240.0f : 0.0f;
+}
+
 }  // namespace mlakit
