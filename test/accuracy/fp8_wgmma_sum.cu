@@ -13,9 +13,14 @@
 //     sum plus one (the product's possible leading bit), and the accumulator is either
 //     aligned with the products or added afterwards in f32.
 // For each operand distribution it prints the share of elements each model reproduces
-// exactly; a model at 100% over every distribution describes the hardware on these data.
+// exactly (a model at 100% over every distribution would describe the hardware on these
+// data), and the error of the GPU's sums and of the aligned-truncation models (12..15 bits,
+// ilogb, accumulator aligned, as test/accuracy/fp8_matrix_error.cpp computes a k-step)
+// against the exact sum, root mean square and largest, in units of 2^-13 of the chain's
+// largest term: the model whose statistics match the GPU's is the one to trust.
 //
-//   mlakit_fp8_wgmma_sum [trials]     (default 8 launches per distribution and chain length)
+//   mlakit_fp8_wgmma_sum [trials [--dump FILE]]   (default 8 launches per distribution, chain
+//                                                 length and accumulator start)
 //
 // sm_90a only: it exits with a message on any other device. Not part of the test suite: it
 // measures, it asserts nothing.
@@ -177,6 +182,10 @@ bool ok(cudaError_t e, const char* what) {
 
 int main(int argc, char** argv) {
   const int trials = argc > 1 ? std::max(1, std::atoi(argv[1])) : 8;
+  // --dump FILE: every launch's operands and results, raw (int32 distribution, steps, use_c;
+  // A and B bytes [64][128]; C and D floats [64][64]), for models tried off the GPU.
+  std::FILE* dump = nullptr;
+  if (argc > 3 && std::string(argv[2]) == "--dump") dump = std::fopen(argv[3], "wb");
   cudaFuncAttributes attr{};
   if (!ok(cudaFuncGetAttributes(&attr, wgmma_sum_kernel<1>), "cudaFuncGetAttributes")) return 1;
   if (attr.binaryVersion != 90) {
@@ -222,6 +231,14 @@ int main(int argc, char** argv) {
       for (int use_c = 0; use_c < 2; ++use_c) {
         std::vector<long long> hits(models.size(), 0);
         long long n = 0;
+        // Error statistics in units of 2^-13 of the largest term of the chain (accumulator
+        // start or product): the GPU, and the models the accuracy tool uses.
+        struct ErrStat {
+          double sq = 0, max = 0;
+          void add(double e) { sq += e * e, max = std::max(max, std::fabs(e)); }
+        };
+        ErrStat err_gpu;
+        std::vector<ErrStat> err_model(models.size());
         for (int trial = 0; trial < trials; ++trial) {
           std::vector<std::uint8_t> a(64 * kK), b(64 * kK);
           std::vector<float> c(64 * 64), d(64 * 64, NAN);
@@ -249,17 +266,31 @@ int main(int argc, char** argv) {
             wgmma_sum_kernel<4><<<1, 128, smem>>>(da, db, dc, use_c, dd);
           if (!ok(cudaGetLastError(), "launch") || !ok(cudaDeviceSynchronize(), "sync")) return 1;
           ok(cudaMemcpy(d.data(), dd, d.size() * sizeof(float), cudaMemcpyDeviceToHost), "copy");
+          if (dump) {
+            const std::int32_t head[3] = {dist, steps, use_c};
+            std::fwrite(head, sizeof head, 1, dump);
+            std::fwrite(a.data(), 1, a.size(), dump);
+            std::fwrite(b.data(), 1, b.size(), dump);
+            std::fwrite(c.data(), sizeof(float), c.size(), dump);
+            std::fwrite(d.data(), sizeof(float), d.size(), dump);
+          }
           for (int r = 0; r < 64; ++r)
             for (int col = 0; col < 64; ++col) {
               const float got = d[r * 64 + col];
               ++n;
               Step st[4];
-              for (int ks = 0; ks < steps; ++ks)
+              double exact = use_c ? double(c[r * 64 + col]) : 0.0, top = std::fabs(exact);
+              for (int ks = 0; ks < steps; ++ks) {
                 st[ks] = make_step(&a[r * kK + 32 * ks], &b[col * kK + 32 * ks]);
+                for (double p : st[ks].prod) exact += p, top = std::max(top, std::fabs(p));
+              }
+              const double unit = top > 0 ? std::ldexp(1.0, std::ilogb(top) - 13) : 1.0;
+              err_gpu.add((double(got) - exact) / unit);
               for (std::size_t mi = 0; mi < models.size(); ++mi) {
                 float acc = use_c ? c[r * 64 + col] : 0.0f;
                 for (int ks = 0; ks < steps; ++ks) acc = model_step(acc, st[ks], models[mi]);
                 if (acc == got || (acc == 0 && got == 0)) ++hits[mi];
+                err_model[mi].add((double(acc) - exact) / unit);
               }
             }
         }
@@ -273,6 +304,15 @@ int main(int argc, char** argv) {
           std::printf("  %8.4f%%  %s\n", 100.0 * double(hits[order[i]]) / double(n),
                       name(models[order[i]]).c_str());
         std::printf("  %8.4f%%  %s\n", 100.0 * double(hits[0]) / double(n), name(models[0]).c_str());
+        std::printf("  error, units of 2^-13 of the largest term: GPU rms %.3f max %.2f\n",
+                    std::sqrt(err_gpu.sq / double(n)), err_gpu.max);
+        for (std::size_t mi = 0; mi < models.size(); ++mi) {
+          const Model& m = models[mi];
+          if (m.bits != 0 && (m.bits < 12 || m.bits > 15 || m.exp_sum || !m.c_aligned || m.final_rz))
+            continue;
+          std::printf("  error, units of 2^-13 of the largest term: %-44s rms %.3f max %.2f\n",
+                      name(m).c_str(), std::sqrt(err_model[mi].sq / double(n)), err_model[mi].max);
+        }
         for (std::size_t mi = 0; mi < models.size(); ++mi) total_hits[mi] += hits[mi];
         total += n;
       }
@@ -286,5 +326,6 @@ int main(int argc, char** argv) {
     std::printf("  %8.4f%%  %s\n", 100.0 * double(total_hits[order[i]]) / double(total),
                 name(models[order[i]]).c_str());
   cudaFree(da), cudaFree(db), cudaFree(dc), cudaFree(dd);
+  if (dump) std::fclose(dump);
   return 0;
 }
