@@ -11,7 +11,9 @@
 // No pipeline, one tile at a time: it measures numerics, not speed. The host compares O (as
 // bf16) and the LSE with a double-precision softmax on the same values and prints the
 // relative L2 error of O over the rows and the largest LSE error, per arithmetic, data and
-// length; the same quantities as mlakit_fp8_matrix_error prints for its model.
+// length; the same quantities as mlakit_fp8_matrix_error prints for its model. Beside them,
+// the library's decode() on the same inputs (16-bit compute: the 64 rows as one request of
+// 16 heads x 4 query tokens, not causal, pages of 64 tokens).
 //
 //   mlakit_fp8_matrix_tile
 //
@@ -27,6 +29,7 @@
 
 #include "mlakit/arch/wgmma_fp8_sm90.hpp"
 #include "mlakit/core/numeric.hpp"
+#include "mlakit/mlakit.hpp"
 
 namespace {
 
@@ -274,6 +277,67 @@ int main() {
         ok(cudaMalloc(&dlse, kRows * sizeof(float)), "malloc");
         ok(cudaMemcpy(dq, q.data(), q.size() * sizeof(float), cudaMemcpyHostToDevice), "copy");
         ok(cudaMemcpy(dkv, kv.data(), kv.size(), cudaMemcpyHostToDevice), "copy");
+        {  // decode(): bf16 Q and output, the same e4m3fn cache bytes
+          std::vector<std::uint16_t> qb(q.size());
+          for (std::size_t i = 0; i < q.size(); ++i) qb[i] = mlakit::encode_bf16(q[i]);
+          const int pages = len / 64;
+          std::vector<std::int32_t> table(static_cast<std::size_t>(pages));
+          for (int i = 0; i < pages; ++i) table[i] = i;
+          const std::int32_t kv_len = len;
+          void *dqb, *dob, *dtab, *dlen, *dws;
+          float* dl;
+          ok(cudaMalloc(&dqb, qb.size() * 2), "malloc");
+          ok(cudaMalloc(&dob, kRows * 512 * 2), "malloc");
+          ok(cudaMalloc(&dtab, table.size() * 4), "malloc");
+          ok(cudaMalloc(&dlen, 4), "malloc");
+          ok(cudaMalloc(&dl, kRows * sizeof(float)), "malloc");
+          ok(cudaMemcpy(dqb, qb.data(), qb.size() * 2, cudaMemcpyHostToDevice), "copy");
+          ok(cudaMemcpy(dtab, table.data(), table.size() * 4, cudaMemcpyHostToDevice), "copy");
+          ok(cudaMemcpy(dlen, &kv_len, 4, cudaMemcpyHostToDevice), "copy");
+          mlakit::DecodeArgs args;
+          args.q_type = mlakit::DType::bf16;
+          args.kv_type = mlakit::DType::fp8_e4m3fn;
+          args.batch = 1;
+          args.num_heads = 16;
+          args.q_len = 4;
+          args.causal = false;
+          args.page_size = 64;
+          args.max_pages_per_request = pages;
+          mlakit::set_packed_strides(args);
+          args.q = dqb;
+          args.kv = dkv;
+          args.block_table = static_cast<const std::int32_t*>(dtab);
+          args.kv_len = static_cast<const std::int32_t*>(dlen);
+          args.out = dob;
+          args.lse = dl;
+          args.softmax_scale = float(kScale);
+          mlakit::DeviceInfo dev;
+          if (!mlakit::query_device(&dev)) return 1;
+          const std::size_t ws = mlakit::workspace_bytes(args, dev);
+          ok(cudaMalloc(&dws, ws + 1), "malloc");
+          const mlakit::Status st = mlakit::decode(args, dws, ws, nullptr);
+          if (!st) {
+            std::fprintf(stderr, "decode: %s\n", st.message().c_str());
+            return 1;
+          }
+          if (!ok(cudaDeviceSynchronize(), "sync")) return 1;
+          std::vector<std::uint16_t> ob(kRows * 512);
+          std::vector<float> lb(kRows);
+          ok(cudaMemcpy(ob.data(), dob, ob.size() * 2, cudaMemcpyDeviceToHost), "copy");
+          ok(cudaMemcpy(lb.data(), dl, lb.size() * 4, cudaMemcpyDeviceToHost), "copy");
+          double num = 0, den = 0, dlse = 0;
+          for (int r = 0; r < kRows; ++r) {
+            for (int d = 0; d < 512; ++d) {
+              const double x = mlakit::decode_bf16(ob[r * 512 + d]), y = ref[r * 512 + d];
+              num += (x - y) * (x - y);
+              den += y * y;
+            }
+            dlse = std::max(dlse, std::fabs(double(lb[r]) - ref_lse[r]));
+          }
+          std::printf("%-72s %-30s %6d %4d %10.3e %10.3e\n", "decode(): 16-bit compute (the library)",
+                      data_names[data], len, seed, std::sqrt(num / den), dlse);
+          cudaFree(dqb), cudaFree(dob), cudaFree(dtab), cudaFree(dlen), cudaFree(dl), cudaFree(dws);
+        }
         for (const Arith& a : ariths) {
           double num = 0, den = 0, dl = 0;
           for (int half = 0; half < 2; ++half) {
