@@ -21,6 +21,7 @@
 //
 //   mlakit_fp8_wgmma_sum [trials [--dump FILE]]   (default 8 launches per distribution, chain
 //                                                 length and accumulator start)
+//   mlakit_fp8_wgmma_sum --replay FILE            (the analysis of a dump, no GPU needed)
 //
 // sm_90a only: it exits with a message on any other device. Not part of the test suite: it
 // measures, it asserts nothing.
@@ -181,22 +182,42 @@ bool ok(cudaError_t e, const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int trials = argc > 1 ? std::max(1, std::atoi(argv[1])) : 8;
   // --dump FILE: every launch's operands and results, raw (int32 distribution, steps, use_c;
-  // A and B bytes [64][128]; C and D floats [64][64]), for models tried off the GPU.
-  std::FILE* dump = nullptr;
-  if (argc > 3 && std::string(argv[2]) == "--dump") dump = std::fopen(argv[3], "wb");
-  cudaFuncAttributes attr{};
-  if (!ok(cudaFuncGetAttributes(&attr, wgmma_sum_kernel<1>), "cudaFuncGetAttributes")) return 1;
-  if (attr.binaryVersion != 90) {
-    std::printf("no sm_90a code for this device: nothing measured\n");
-    return 1;
+  // A and B bytes [64][128]; C and D floats [64][64]), in the order of the launches.
+  // --replay FILE: the analysis of such a file, on any machine (no GPU used).
+  constexpr long kRecordBytes = 12 + 2 * 64 * kK + 2 * 64 * 64 * 4;
+  std::FILE* replay = nullptr;
+  int trials = 8;
+  if (argc > 2 && std::string(argv[1]) == "--replay") {
+    replay = std::fopen(argv[2], "rb");
+    if (!replay || std::fseek(replay, 0, SEEK_END) != 0) {
+      std::fprintf(stderr, "cannot read %s\n", argv[2]);
+      return 1;
+    }
+    trials = int(std::ftell(replay) / kRecordBytes / 12);
+    std::rewind(replay);
+    if (trials < 1) {
+      std::fprintf(stderr, "%s holds no whole set of launches\n", argv[2]);
+      return 1;
+    }
+  } else if (argc > 1) {
+    trials = std::max(1, std::atoi(argv[1]));
   }
+  std::FILE* dump = nullptr;
+  if (!replay && argc > 3 && std::string(argv[2]) == "--dump") dump = std::fopen(argv[3], "wb");
   const int smem = static_cast<int>(sizeof(ProbeSmem));
-  ok(cudaFuncSetAttribute(wgmma_sum_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-     "attr");
-  ok(cudaFuncSetAttribute(wgmma_sum_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-     "attr");
+  if (!replay) {
+    cudaFuncAttributes attr{};
+    if (!ok(cudaFuncGetAttributes(&attr, wgmma_sum_kernel<1>), "cudaFuncGetAttributes")) return 1;
+    if (attr.binaryVersion != 90) {
+      std::printf("no sm_90a code for this device: nothing measured\n");
+      return 1;
+    }
+    ok(cudaFuncSetAttribute(wgmma_sum_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            smem), "attr");
+    ok(cudaFuncSetAttribute(wgmma_sum_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            smem), "attr");
+  }
 
   std::vector<Model> models;
   models.push_back(Model{0, false, true, false});
@@ -213,12 +234,14 @@ int main(int argc, char** argv) {
     return std::string(buf);
   };
 
-  std::uint8_t *da, *db;
-  float *dc, *dd;
-  ok(cudaMalloc(&da, 64 * kK), "malloc");
-  ok(cudaMalloc(&db, 64 * kK), "malloc");
-  ok(cudaMalloc(&dc, 64 * 64 * sizeof(float)), "malloc");
-  ok(cudaMalloc(&dd, 64 * 64 * sizeof(float)), "malloc");
+  std::uint8_t *da = nullptr, *db = nullptr;
+  float *dc = nullptr, *dd = nullptr;
+  if (!replay) {
+    ok(cudaMalloc(&da, 64 * kK), "malloc");
+    ok(cudaMalloc(&db, 64 * kK), "malloc");
+    ok(cudaMalloc(&dc, 64 * 64 * sizeof(float)), "malloc");
+    ok(cudaMalloc(&dd, 64 * 64 * sizeof(float)), "malloc");
+  }
 
   std::mt19937 rng(20261205);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -242,6 +265,19 @@ int main(int argc, char** argv) {
         for (int trial = 0; trial < trials; ++trial) {
           std::vector<std::uint8_t> a(64 * kK), b(64 * kK);
           std::vector<float> c(64 * 64), d(64 * 64, NAN);
+          if (replay) {
+            std::int32_t head[3] = {-1, -1, -1};
+            const bool read = std::fread(head, sizeof head, 1, replay) == 1 &&
+                              std::fread(a.data(), 1, a.size(), replay) == a.size() &&
+                              std::fread(b.data(), 1, b.size(), replay) == b.size() &&
+                              std::fread(c.data(), sizeof(float), c.size(), replay) == c.size() &&
+                              std::fread(d.data(), sizeof(float), d.size(), replay) == d.size();
+            if (!read || head[0] != dist || head[1] != steps || head[2] != use_c) {
+              std::fprintf(stderr, "replay: launch %d of (%d, %d, %d) not found in order\n",
+                           trial, dist, steps, use_c);
+              return 1;
+            }
+          } else {
           for (int i = 0; i < 64 * kK; ++i) {
             if (dist == 0) {
               a[i] = random_code(rng);
@@ -273,6 +309,7 @@ int main(int argc, char** argv) {
             std::fwrite(b.data(), 1, b.size(), dump);
             std::fwrite(c.data(), sizeof(float), c.size(), dump);
             std::fwrite(d.data(), sizeof(float), d.size(), dump);
+          }
           }
           for (int r = 0; r < 64; ++r)
             for (int col = 0; col < 64; ++col) {
@@ -325,7 +362,8 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < std::min<std::size_t>(10, order.size()); ++i)
     std::printf("  %8.4f%%  %s\n", 100.0 * double(total_hits[order[i]]) / double(total),
                 name(models[order[i]]).c_str());
-  cudaFree(da), cudaFree(db), cudaFree(dc), cudaFree(dd);
+  if (!replay) cudaFree(da), cudaFree(db), cudaFree(dc), cudaFree(dd);
   if (dump) std::fclose(dump);
+  if (replay) std::fclose(replay);
   return 0;
 }

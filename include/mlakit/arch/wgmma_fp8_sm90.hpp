@@ -16,7 +16,8 @@
 //     token by token: V^T rows are dims, 64 kappa bytes each, with the 64-byte swizzle.
 //
 // Accuracy limit: fp8 wgmma adds its products into the f32 accumulator through a truncated
-// sum (about 13 significant bits on Hopper), so a long chain of accumulating wgmma (S over
+// sum (aligned to the largest term; on the H200 its error is that of about 14 significant
+// bits kept, test/accuracy/fp8_wgmma_sum.cu), so a long chain of accumulating wgmma (S over
 // 576 columns, O over a whole context) loses precision that 16-bit wgmma keeps; a mainloop
 // must promote partial sums to f32 registers every few k-steps (docs/design.md). No decode
 // kernel uses these pieces yet; test/gpu_wgmma_fp8.cu checks them.
