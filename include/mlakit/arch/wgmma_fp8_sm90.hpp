@@ -20,7 +20,8 @@
 // bits kept, test/accuracy/fp8_wgmma_sum.cu), so a long chain of accumulating wgmma (S over
 // 576 columns, O over a whole context) loses precision that 16-bit wgmma keeps; a mainloop
 // must promote partial sums to f32 registers every few k-steps (docs/design.md). No decode
-// kernel uses these pieces yet; test/gpu_wgmma_fp8.cu checks them.
+// kernel uses these pieces yet; test/gpu_wgmma_fp8.cu and test/gpu_wgmma_fp8_kt.cu (the
+// keys-as-M orientation, at the end of this file) check them.
 //
 // Layouts (tiles 1024-byte aligned for the 128-byte swizzle, 512-byte for the 64-byte one):
 //   raw KV / Q planes: chunks of 128 columns, [rows][128 B], 16-byte unit u of row r at
@@ -42,6 +43,14 @@ namespace mlakit::arch {
 MLAKIT_HOST_DEVICE constexpr int key_of_kappa(int kappa) {
   const int blk = kappa & ~15, t = (kappa & 15) >> 2, b = kappa & 3;
   return blk + (b < 2 ? 2 * t + b : 8 + 2 * t + b - 2);
+}
+
+// The same for the keys-as-M orientation (S^T = K Q^T, O^T = V^T P^T: keys are the M of S^T
+// and the K of O^T): kappa = 16 c' + 2 c + h holds key 16 c' + c + 8 h. A thread of an S^T
+// accumulator holds keys g and g + 8 of its warp's 16, which are then one 16-bit pair of P^T.
+MLAKIT_HOST_DEVICE constexpr int key_of_kappa_kt(int kappa) {
+  const int blk = kappa & ~15, c = (kappa & 15) >> 1, h = kappa & 1;
+  return blk + c + 8 * h;
 }
 
 // Byte offset of (row, column byte) in a [rows][128 B] chunk with the 128-byte swizzle and in a
@@ -162,6 +171,67 @@ __device__ __forceinline__ void transpose_v_e4m3(std::uint32_t src, std::uint32_
   }
 #else
   (void)src, (void)dst, (void)dims, (void)warp, (void)nwarps, (void)lane;
+#endif
+}
+
+// ---- keys-as-M orientation -------------------------------------------------------------------
+// S^T [64 keys x N rows] = K Q^T reads both operands from shared memory as they are (A = the
+// raw tile's 128-column chunks, B = a Q plane, both K-major with the 128-byte swizzle). O^T
+// [dims x N rows] = V^T P^T takes V^T from registers, built from the raw tile by transposing
+// loads (load_vt_e4m3_kt), and P^T from shared memory, stored from the S^T accumulator
+// (store_pt_e4m3_kt); both in the kappa order of key_of_kappa_kt. Nothing is widened and no
+// transposed copy of V is written: each 16 x 32 block of V^T costs one ldmatrix and four byte
+// permutes per thread.
+
+// The A fragment of O^T = V^T P^T (wgmma m64nNk32, e4m3) for k-step j (keys 32 j .. 32 j + 31
+// of the tile) and this warp's 16 M rows, dims d .. d + 15 (d a multiple of 16) of a raw tile
+// at shared address src (128-column chunks, sw128_offset, chunk stride 8 KB). M row g is dim
+// d + 2 g and M row g + 8 is dim d + 2 g + 1 (the accumulator's rows g, g + 8 are then two
+// adjacent dims). One transposing ldmatrix.x4 reads 16-bit pairs (two dims of one token):
+// matrix i holds tokens 32 j + 16 (i >> 1) + (i & 1) + {0, 8, 2, 10, 4, 12, 6, 14}, so lane
+// (g, t) receives dims 2g, 2g + 1 of tokens 2t, 2t + 8 (matrix 0) and 2t + 1, 2t + 9 (matrix
+// 1); one byte permute per register gives one dim of the four keys of kappa 4t .. 4t + 3.
+__device__ __forceinline__ void load_vt_e4m3_kt(std::uint32_t src, int d, int j, int lane,
+                                                std::uint32_t (&a)[4]) {
+#if defined(MLAKIT_WGMMA_ENABLED)
+  const int i = lane >> 3, r = lane & 7;
+  const int tok = 32 * j + 16 * (i >> 1) + (i & 1) + (r & 6) + 8 * (r & 1);
+  std::uint32_t m[4];
+  MmaAtom<fp16_t>::ldsm_x4_trans(m[0], m[1], m[2], m[3],
+                                 src + (d >> 7) * 8192 + sw128_offset(tok, d & 127));
+  a[0] = __byte_perm(m[0], m[1], 0x6420);  // dim d + 2g, keys 2t, 2t + 8, 2t + 1, 2t + 9
+  a[1] = __byte_perm(m[0], m[1], 0x7531);  // dim d + 2g + 1
+  a[2] = __byte_perm(m[2], m[3], 0x6420);  // the same for keys + 16
+  a[3] = __byte_perm(m[2], m[3], 0x7531);
+#else
+  (void)src, (void)d, (void)j, (void)lane;
+  a[0] = a[1] = a[2] = a[3] = 0;
+#endif
+}
+
+// P^T, the B operand of O^T = V^T P^T, from an S^T accumulator of wgmma m64n64 (s[i]: key
+// 16 wi + g + 8 ((i >> 1) & 1), row 8 (i >> 2) + 2t + (i & 1)) times `scale`, as one e4m3
+// plane: a K-major [64 rows][64 kappa bytes] tile with the 64-byte swizzle at shared address
+// dst (sw64_offset). Keys g and g + 8 of a row are kappa 16 wi + 2g, + 1: one 16-bit pair, so
+// two transposing stmatrix.x4 store the warp's 16 keys of all 64 rows (matrix n: rows 8n ..
+// 8n + 7, the 16 bytes of block wi). The caller fences the async proxy and synchronises before
+// a wgmma reads dst.
+__device__ __forceinline__ void store_pt_e4m3_kt(const float (&s)[32], float scale,
+                                                 std::uint32_t dst, int wi, int lane) {
+#if defined(MLAKIT_WGMMA_ENABLED)
+  std::uint32_t r[8];
+#pragma unroll
+  for (int n = 0; n < 8; ++n)  // low half: row 8n + 2t, high half: row 8n + 2t + 1
+    r[n] = f32x4_to_e4m3x4(s[4 * n] * scale, s[4 * n + 2] * scale, s[4 * n + 1] * scale,
+                           s[4 * n + 3] * scale);
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    const int row = 8 * (4 * c + (lane >> 3)) + (lane & 7);
+    stsm_x4_trans(dst + sw64_offset(row, 16 * wi), r[4 * c], r[4 * c + 1], r[4 * c + 2],
+                  r[4 * c + 3]);
+  }
+#else
+  (void)s, (void)scale, (void)dst, (void)wi, (void)lane;
 #endif
 }
 
