@@ -17,11 +17,14 @@
 
 #include "mlakit/arch/wgmma_fp8_sm90.hpp"
 #include "mlakit/core/numeric.hpp"
+#include "wgmma_test_util.hpp"
 
 namespace {
 
 using mlakit::arch::sw128_offset;
 using mlakit::arch::sw64_offset;
+using mlakit::testing::bf16;
+using mlakit::testing::random_e4m3;
 
 constexpr int kKd = 128;   // K dimension of the S product in this test (one 128-byte chunk)
 constexpr int kDims = 256;  // V columns of the P V product (one m64n256 accumulator)
@@ -42,17 +45,10 @@ __global__ void __launch_bounds__(128) fp8_operands_kernel(const float* q, const
                                                            float* o_ss) {
 #if defined(MLAKIT_WGMMA_ENABLED)
   using namespace mlakit::arch;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  FpSmem& sm = *reinterpret_cast<FpSmem*>(smem_raw);
-  const int tid = static_cast<int>(threadIdx.x);
-  const int w = tid / 32, g = (tid % 32) / 4, t = tid % 4;
-  const std::uint32_t base = mlakit::detail::smem_u32(smem_raw);
-  // Accumulator i of wgmma m64nN for this thread: row and column.
-  const auto acc_row = [](int w, int g, int i) { return 16 * w + g + 8 * ((i >> 1) & 1); };
-  const auto acc_col = [](int t, int i) { return 8 * (i >> 2) + 2 * t + (i & 1); };
-  const auto addr = [&](const void* ptr) {
-    return base + std::uint32_t(static_cast<const unsigned char*>(ptr) - smem_raw);
-  };
+  using namespace mlakit::testing;
+  const auto [tid, w, g, t] = warpgroup_thread();
+  const DynamicSmem smem;
+  FpSmem& sm = smem.as<FpSmem>();
 
   // Q planes and raw K / V into their swizzled layouts (4 bytes per step).
   for (int i = tid; i < 64 * kKd / 4; i += 128) {
@@ -61,20 +57,14 @@ __global__ void __launch_bounds__(128) fp8_operands_kernel(const float* q, const
                         q[r * kKd + c + 3]};
     std::uint32_t hi, lo;
     split_e4m3x4(x, hi, lo);
-    sts32(addr(sm.q_hi) + sw128_offset(r, c), hi);
-    sts32(addr(sm.q_lo) + sw128_offset(r, c), lo);
-    sts32(addr(sm.k) + sw128_offset(r, c),
-          *reinterpret_cast<const std::uint32_t*>(k + r * kKd + c));
+    sts32(smem.addr(sm.q_hi) + sw128_offset(r, c), hi);
+    sts32(smem.addr(sm.q_lo) + sw128_offset(r, c), lo);
   }
-  for (int i = tid; i < 64 * kDims / 4; i += 128) {
-    const int r = i / (kDims / 4), c = 4 * (i % (kDims / 4));
-    sts32(addr(sm.v[c / 128]) + sw128_offset(r, c % 128),
-          *reinterpret_cast<const std::uint32_t*>(v + r * kDims + c));
-  }
+  store_sw128<64, kKd>(smem.addr(sm.k), k, tid);
+  store_sw128<64, kDims>(smem.addr(sm.v[0]), v, tid);
   __syncthreads();
-  transpose_v_e4m3(addr(sm.v[0]), addr(sm.vt), kDims, w, 4, tid % 32);
-  fence_proxy_async_smem();
-  __syncthreads();
+  transpose_v_e4m3(smem.addr(sm.v[0]), smem.addr(sm.vt), kDims, w, 4, tid % 32);
+  publish_smem_to_wgmma();
 
   // S through shared memory: Q_hi K^T + Q_lo K^T, four k32 steps each.
   float s[32];
@@ -83,8 +73,8 @@ __global__ void __launch_bounds__(128) fp8_operands_kernel(const float* q, const
   for (int pl = 0; pl < 2; ++pl)
 #pragma unroll
     for (int ks = 0; ks < kKd / 32; ++ks)
-      WgmmaE4m3::mma_ss_n64(s, wgmma_desc(addr(pl ? sm.q_lo : sm.q_hi) + 32 * ks, 16, 1024),
-                            wgmma_desc(addr(sm.k) + 32 * ks, 16, 1024), pl + ks > 0);
+      WgmmaE4m3::mma_ss_n64(s, wgmma_desc(smem.addr(pl ? sm.q_lo : sm.q_hi) + 32 * ks, 16, 1024),
+                            wgmma_desc(smem.addr(sm.k) + 32 * ks, 16, 1024), pl + ks > 0);
   wgmma_commit();
   wgmma_wait<0>();
   fence_operand(s);
@@ -101,9 +91,9 @@ __global__ void __launch_bounds__(128) fp8_operands_kernel(const float* q, const
       std::uint32_t a[4];
 #pragma unroll
       for (int r = 0; r < 4; ++r)
-        a[r] = lds32(addr(pl ? sm.q_lo : sm.q_hi) +
+        a[r] = lds32(smem.addr(pl ? sm.q_lo : sm.q_hi) +
                      sw128_offset(16 * w + g + 8 * (r & 1), 32 * ks + 16 * (r >> 1) + 4 * t));
-      WgmmaE4m3::mma_rs_n64(s, a, wgmma_desc(addr(sm.k) + 32 * ks, 16, 1024), pl + ks > 0);
+      WgmmaE4m3::mma_rs_n64(s, a, wgmma_desc(smem.addr(sm.k) + 32 * ks, 16, 1024), pl + ks > 0);
     }
   wgmma_commit();
   wgmma_wait<0>();
@@ -125,8 +115,8 @@ __global__ void __launch_bounds__(128) fp8_operands_kernel(const float* q, const
     for (int j = 0; j < 2; ++j) {
       const std::uint32_t* src = pl ? p_lo : p_hi;
       const std::uint32_t a[4] = {src[4 * j], src[4 * j + 1], src[4 * j + 2], src[4 * j + 3]};
-      WgmmaE4m3::mma_rs_n256(o, a, wgmma_desc(addr(sm.vt) + 32 * j, 16, 512, WgmmaSwizzle::b64),
-                             pl + j > 0);
+      WgmmaE4m3::mma_rs_n256(
+          o, a, wgmma_desc(smem.addr(sm.vt) + 32 * j, 16, 512, WgmmaSwizzle::b64), pl + j > 0);
     }
   wgmma_commit();
   wgmma_wait<0>();
@@ -135,18 +125,17 @@ __global__ void __launch_bounds__(128) fp8_operands_kernel(const float* q, const
   for (int i = 0; i < 128; ++i) o_rs[acc_row(w, g, i) * kDims + acc_col(t, i)] = o[i] / 256.0f;
 
   // The same P through shared memory.
-  store_p_e4m3(p_hi, addr(sm.p_hi), w, g, t);
-  store_p_e4m3(p_lo, addr(sm.p_lo), w, g, t);
-  fence_proxy_async_smem();
-  __syncthreads();
+  store_p_e4m3(p_hi, smem.addr(sm.p_hi), w, g, t);
+  store_p_e4m3(p_lo, smem.addr(sm.p_lo), w, g, t);
+  publish_smem_to_wgmma();
   wgmma_fence();
 #pragma unroll
   for (int pl = 0; pl < 2; ++pl)
 #pragma unroll
     for (int j = 0; j < 2; ++j)
       WgmmaE4m3::mma_ss_n256(
-          o, wgmma_desc(addr(pl ? sm.p_lo : sm.p_hi) + 32 * j, 16, 512, WgmmaSwizzle::b64),
-          wgmma_desc(addr(sm.vt) + 32 * j, 16, 512, WgmmaSwizzle::b64), pl + j > 0);
+          o, wgmma_desc(smem.addr(pl ? sm.p_lo : sm.p_hi) + 32 * j, 16, 512, WgmmaSwizzle::b64),
+          wgmma_desc(smem.addr(sm.vt) + 32 * j, 16, 512, WgmmaSwizzle::b64), pl + j > 0);
   wgmma_commit();
   wgmma_wait<0>();
   fence_operand(o);
@@ -155,32 +144,6 @@ __global__ void __launch_bounds__(128) fp8_operands_kernel(const float* q, const
 #else
   (void)q, (void)k, (void)p, (void)v, (void)s_ss, (void)s_rs, (void)o_rs, (void)o_ss;
 #endif
-}
-
-template <class T>
-struct Dev {
-  T* ptr = nullptr;
-  explicit Dev(const std::vector<T>& h) {
-    REQUIRE(cudaMalloc(&ptr, h.size() * sizeof(T)) == cudaSuccess);
-    REQUIRE(cudaMemcpy(ptr, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice) ==
-            cudaSuccess);
-  }
-  ~Dev() { cudaFree(ptr); }
-  std::vector<T> get(std::size_t n) const {
-    std::vector<T> h(n);
-    REQUIRE(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
-    return h;
-  }
-};
-
-float bf16(float x) { return mlakit::to_float(mlakit::from_float<mlakit::bf16_t>(x)); }
-
-// A random finite e4m3fn code (no NaN: 0x7F / 0xFF).
-std::uint8_t random_e4m3(std::mt19937& rng) {
-  for (;;) {
-    const auto b = static_cast<std::uint8_t>(rng() & 0xFFu);
-    if ((b & 0x7Fu) != 0x7Fu) return b;
-  }
 }
 
 }  // namespace
@@ -225,10 +188,13 @@ TEST_CASE("wgmma e4m3 operands: two-plane Q and P, kappa-ordered V^T, SS and RS"
   for (auto& b : k) b = random_e4m3(rng);
   for (auto& b : v) b = random_e4m3(rng);
 
-  Dev<float> dq(q), dp(p);
-  Dev<std::uint8_t> dk(k), dv(v);
+  mlakit::testing::DeviceCopy<float> dq(q), dp(p);
+  mlakit::testing::DeviceCopy<std::uint8_t> dk(k), dv(v);
   std::vector<float> nan_s(64 * 64, std::nanf("")), nan_o(64 * kDims, std::nanf(""));
-  Dev<float> s_ss(nan_s), s_rs(nan_s), o_rs(nan_o), o_ss(nan_o);
+  mlakit::testing::DeviceCopy<float> s_ss(nan_s), s_rs(nan_s), o_rs(nan_o), o_ss(nan_o);
+  for (cudaError_t e : {dq.status, dp.status, dk.status, dv.status, s_ss.status, s_rs.status,
+                        o_rs.status, o_ss.status})
+    REQUIRE(e == cudaSuccess);
   const int smem = static_cast<int>(sizeof(FpSmem));
   REQUIRE(cudaFuncSetAttribute(fp8_operands_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                smem) == cudaSuccess);
@@ -259,6 +225,8 @@ TEST_CASE("wgmma e4m3 operands: two-plane Q and P, kappa-ordered V^T, SS and RS"
   // O: P's planes hold p x 256 to 2^-8 relative (every p here is >= 2^-10, in the normal
   // range of both planes), V is exact.
   const auto ho_rs = o_rs.get(64 * kDims), ho_ss = o_ss.get(64 * kDims);
+  for (cudaError_t e : {s_ss.status, s_rs.status, o_rs.status, o_ss.status})
+    REQUIRE(e == cudaSuccess);
   double worst_o = 0.0;
   for (int r = 0; r < 64; ++r)
     for (int d = 0; d < kDims; ++d) {

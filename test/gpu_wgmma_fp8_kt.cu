@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include "gpu_require.hpp"
+#include "wgmma_test_util.hpp"
 
 #if defined(MLAKIT_HAS_SM90A_KERNELS)
 
@@ -40,17 +41,16 @@ __global__ void __launch_bounds__(128) fp8_kt_operands_kernel(const float* q,
                                                               float* ot_out) {
 #if defined(MLAKIT_WGMMA_ENABLED)
   using namespace mlakit::arch;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  KtSmem& sm = *reinterpret_cast<KtSmem*>(smem_raw);
-  const int tid = static_cast<int>(threadIdx.x);
-  const int w = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  const std::uint32_t base = mlakit::detail::smem_u32(smem_raw);
-  const auto addr = [&](const void* ptr) {
-    return base + std::uint32_t(static_cast<const unsigned char*>(ptr) - smem_raw);
-  };
-  // Accumulator i of wgmma m64nN for this thread: M row and N column.
-  const auto acc_m = [&](int i) { return 16 * w + g + 8 * ((i >> 1) & 1); };
-  const auto acc_n = [&](int i) { return 8 * (i >> 2) + 2 * t + (i & 1); };
+  using namespace mlakit::testing;
+  const DynamicSmem smem;
+  KtSmem& sm = smem.as<KtSmem>();
+  const auto [tid, w, g, t] = warpgroup_thread();
+  const int lane = tid % 32;
+  const auto addr = [&](const void* ptr) { return smem.addr(ptr); };
+  // Accumulator i of wgmma m64nN for this thread: M row (keys of S^T, dims of O^T) and N
+  // column (rows).
+  const auto acc_m = [&](int i) { return acc_row(w, g, i); };
+  const auto acc_n = [&](int i) { return acc_col(t, i); };
 
   for (int i = tid; i < 64 * kKd / 4; i += 128) {
     const int r = i / (kKd / 4), c = 4 * (i % (kKd / 4));
@@ -61,13 +61,8 @@ __global__ void __launch_bounds__(128) fp8_kt_operands_kernel(const float* q,
     sts32(addr(sm.q_hi) + sw128_offset(r, c), hi);
     sts32(addr(sm.q_lo) + sw128_offset(r, c), lo);
   }
-  for (int i = tid; i < 64 * kDims / 4; i += 128) {
-    const int r = i / (kDims / 4), c = 4 * (i % (kDims / 4));
-    sts32(addr(sm.kv[c / 128]) + sw128_offset(r, c % 128),
-          *reinterpret_cast<const std::uint32_t*>(kv + r * kDims + c));
-  }
-  fence_proxy_async_smem();
-  __syncthreads();
+  store_sw128<64, kDims>(addr(sm.kv[0]), kv, tid);
+  publish_smem_to_wgmma();
 
   // S^T = K Q_hi^T + K Q_lo^T (keys of the first 128 dims), four k32 steps per plane.
   float s[32];
@@ -90,8 +85,7 @@ __global__ void __launch_bounds__(128) fp8_kt_operands_kernel(const float* q,
 #pragma unroll
   for (int i = 0; i < 32; ++i) pa[i] = p[acc_n(i) * 64 + acc_m(i)];
   store_pt_e4m3_kt(pa, 256.0f, addr(sm.pt), w, lane);
-  fence_proxy_async_smem();
-  __syncthreads();
+  publish_smem_to_wgmma();
 
   // O^T = V^T P^T: four 64-dim M tiles, two k32 steps each; warp w's rows of tile mt are
   // dims 64 mt + 16 w + (0..15).
@@ -127,22 +121,6 @@ __global__ void __launch_bounds__(128) fp8_kt_operands_kernel(const float* q,
 #endif
 }
 
-template <class T>
-struct Dev {
-  T* ptr = nullptr;
-  explicit Dev(const std::vector<T>& h) {
-    REQUIRE(cudaMalloc(&ptr, h.size() * sizeof(T)) == cudaSuccess);
-    REQUIRE(cudaMemcpy(ptr, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice) ==
-            cudaSuccess);
-  }
-  ~Dev() { cudaFree(ptr); }
-  std::vector<T> get(std::size_t n) const {
-    std::vector<T> h(n);
-    REQUIRE(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
-    return h;
-  }
-};
-
 }  // namespace
 
 TEST_CASE("wgmma e4m3 keys-as-M operands: S^T from the raw tile, V^T by ldmatrix, P^T by stmatrix",
@@ -165,7 +143,7 @@ TEST_CASE("wgmma e4m3 keys-as-M operands: S^T from the raw tile, V^T by ldmatrix
 
   std::mt19937 rng(777);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f), unit(0.0f, 1.0f);
-  const auto bf16 = [](float x) { return mlakit::to_float(mlakit::from_float<mlakit::bf16_t>(x)); };
+  using mlakit::testing::bf16;
   // Q rows with their largest |q| in [128, 256) (the mainloop's per-row 2^e) and P in
   // [2^-10, 1], as after a softmax; every code of the raw tile finite and random.
   std::vector<float> q(64 * kKd), p(64 * 64);
@@ -177,10 +155,12 @@ TEST_CASE("wgmma e4m3 keys-as-M operands: S^T from the raw tile, V^T by ldmatrix
   std::vector<std::uint8_t> kv(64 * kDims);
   for (auto& b : kv) b = mlakit::encode_e4m3fn(normal(rng));
 
-  Dev<float> dq(q), dp(p);
-  Dev<std::uint8_t> dkv(kv);
+  mlakit::testing::DeviceCopy<float> dq(q), dp(p);
+  mlakit::testing::DeviceCopy<std::uint8_t> dkv(kv);
   std::vector<float> nan_s(64 * 64, std::nanf("")), nan_o(64 * kDims, std::nanf(""));
-  Dev<float> st(nan_s), ot(nan_o);
+  mlakit::testing::DeviceCopy<float> st(nan_s), ot(nan_o);
+  for (cudaError_t e : {dq.status, dp.status, dkv.status, st.status, ot.status})
+    REQUIRE(e == cudaSuccess);
   const int smem = static_cast<int>(sizeof(KtSmem));
   REQUIRE(cudaFuncSetAttribute(fp8_kt_operands_kernel,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, smem) == cudaSuccess);
@@ -210,6 +190,8 @@ TEST_CASE("wgmma e4m3 keys-as-M operands: S^T from the raw tile, V^T by ldmatrix
   // k-steps; the H200's largest measured for four k-steps is 44). A key or dim in the wrong
   // place moves the sum by the difference of two terms.
   const auto ho = ot.get(64 * kDims);
+  REQUIRE(st.status == cudaSuccess);
+  REQUIRE(ot.status == cudaSuccess);
   double worst_o = 0.0;
   for (int r = 0; r < 64; ++r)
     for (int d = 0; d < kDims; ++d) {

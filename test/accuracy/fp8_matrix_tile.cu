@@ -30,8 +30,11 @@
 #include "mlakit/arch/wgmma_fp8_sm90.hpp"
 #include "mlakit/core/numeric.hpp"
 #include "mlakit/mlakit.hpp"
+#include "wgmma_test_util.hpp"
 
 namespace {
+
+using mlakit::testing::bf16;
 
 constexpr int kDims = 576;    // key length: latent 512 + rotary 64
 constexpr int kHalf = 256;    // value dims per launch (one m64n256 accumulator)
@@ -52,14 +55,10 @@ __global__ void __launch_bounds__(128) matrix_tile_kernel(const float* q, const 
                                                           float* lse) {
 #if defined(MLAKIT_WGMMA_ENABLED)
   using namespace mlakit::arch;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  TileSmem& sm = *reinterpret_cast<TileSmem*>(smem_raw);
-  const int tid = static_cast<int>(threadIdx.x);
-  const int w = tid / 32, g = (tid % 32) / 4, t = tid % 4;
-  const std::uint32_t base = mlakit::detail::smem_u32(smem_raw);
-  const auto addr = [&](const void* ptr) {
-    return base + std::uint32_t(static_cast<const unsigned char*>(ptr) - smem_raw);
-  };
+  using namespace mlakit::testing;
+  const auto [tid, w, g, t] = warpgroup_thread();
+  const DynamicSmem smem;
+  TileSmem& sm = smem.as<TileSmem>();
   // The largest power of two s with amax / s <= 448 (q / s is then a bf16 value in e4m3's range).
   if (tid < kRows) {
     float amax = 0.0f;
@@ -79,8 +78,8 @@ __global__ void __launch_bounds__(128) matrix_tile_kernel(const float* q, const 
                         q[r * kDims + c + 2] * inv, q[r * kDims + c + 3] * inv};
     std::uint32_t hi, lo;
     split_e4m3x4(x, hi, lo);
-    sts32(addr(sm.q[0][c / 128]) + sw128_offset(r, c % 128), hi);
-    sts32(addr(sm.q[1][c / 128]) + sw128_offset(r, c % 128), lo);
+    sts32(smem.addr(sm.q[0][c / 128]) + sw128_offset(r, c % 128), hi);
+    sts32(smem.addr(sm.q[1][c / 128]) + sw128_offset(r, c % 128), lo);
   }
   const float log2_scale = float(kScale * 1.4426950408889634);
   float rf[2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
@@ -92,15 +91,10 @@ __global__ void __launch_bounds__(128) matrix_tile_kernel(const float* q, const 
 
   for (int j0 = 0; j0 < len; j0 += 64) {
     __syncthreads();  // the previous tile's wgmma (waited for) no longer read k and vt
-    for (int i = tid; i < 64 * kDims / 4; i += 128) {
-      const int r = i / (kDims / 4), c = 4 * (i % (kDims / 4));
-      sts32(addr(sm.k[c / 128]) + sw128_offset(r, c % 128),
-            *reinterpret_cast<const std::uint32_t*>(kv + std::size_t(j0 + r) * kDims + c));
-    }
+    store_sw128<64, kDims>(smem.addr(sm.k[0]), kv + std::size_t(j0) * kDims, tid);
     __syncthreads();
-    transpose_v_e4m3(addr(sm.k[2 * half]), addr(sm.vt), kHalf, w, 4, tid % 32);
-    fence_proxy_async_smem();
-    __syncthreads();
+    transpose_v_e4m3(smem.addr(sm.k[2 * half]), smem.addr(sm.vt), kHalf, w, 4, tid % 32);
+    publish_smem_to_wgmma();
 
     float s[32], chain[32];
 #pragma unroll
@@ -113,8 +107,9 @@ __global__ void __launch_bounds__(128) matrix_tile_kernel(const float* q, const 
       if (opens) wgmma_fence();
 #pragma unroll
       for (int pl = 0; pl < QPlanes; ++pl)
-        WgmmaE4m3::mma_ss_n64(chain, wgmma_desc(addr(sm.q[pl][ks / 4]) + 32 * (ks % 4), 16, 1024),
-                              wgmma_desc(addr(sm.k[ks / 4]) + 32 * (ks % 4), 16, 1024),
+        WgmmaE4m3::mma_ss_n64(chain,
+                              wgmma_desc(smem.addr(sm.q[pl][ks / 4]) + 32 * (ks % 4), 16, 1024),
+                              wgmma_desc(smem.addr(sm.k[ks / 4]) + 32 * (ks % 4), 16, 1024),
                               !(opens && pl == 0));
       if (closes) {
         wgmma_commit();
@@ -164,19 +159,16 @@ __global__ void __launch_bounds__(128) matrix_tile_kernel(const float* q, const 
       for (int j = 0; j < 2; ++j) {
         const std::uint32_t* src = pl ? p_lo : p_hi;
         const std::uint32_t a[4] = {src[4 * j], src[4 * j + 1], src[4 * j + 2], src[4 * j + 3]};
-        WgmmaE4m3::mma_rs_n256(o, a, wgmma_desc(addr(sm.vt) + 32 * j, 16, 512, WgmmaSwizzle::b64),
-                               true);
+        WgmmaE4m3::mma_rs_n256(
+            o, a, wgmma_desc(smem.addr(sm.vt) + 32 * j, 16, 512, WgmmaSwizzle::b64), true);
       }
     wgmma_commit();
     wgmma_wait<0>();
     fence_operand(o);
   }
 #pragma unroll
-  for (int i = 0; i < 128; ++i) {
-    const int h = (i >> 1) & 1;
-    const int row = 16 * w + g + 8 * h, col = 8 * (i >> 2) + 2 * t + (i & 1);
-    out[row * kHalf + col] = o[i] / 256.0f / l[h];
-  }
+  for (int i = 0; i < 128; ++i)
+    out[acc_row(w, g, i) * kHalf + acc_col(t, i)] = o[i] / 256.0f / l[(i >> 1) & 1];
   if (t == 0)
 #pragma unroll
     for (int h = 0; h < 2; ++h)
@@ -197,8 +189,6 @@ bool ok(cudaError_t e, const char* what) {
   if (e != cudaSuccess) std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
   return e == cudaSuccess;
 }
-
-float bf16(double x) { return mlakit::decode_bf16(mlakit::encode_bf16(float(x))); }
 
 }  // namespace
 
@@ -241,7 +231,7 @@ int main() {
         }
         std::vector<float> q(kRows * kDims);
         for (int r = 0; r < kRows; ++r)
-          for (int i = 0; i < kDims; ++i) q[r * kDims + i] = bf16(nd(rng) * mq[i]);
+          for (int i = 0; i < kDims; ++i) q[r * kDims + i] = bf16(float(nd(rng) * mq[i]));
         std::vector<std::uint8_t> kv(std::size_t(len) * kDims);
         for (int j = 0; j < len; ++j)
           for (int i = 0; i < kDims; ++i)

@@ -39,6 +39,7 @@
 
 #include "mlakit/arch/wgmma_fp8_sm90.hpp"
 #include "mlakit/core/numeric.hpp"
+#include "wgmma_test_util.hpp"
 
 namespace {
 
@@ -55,42 +56,26 @@ __global__ void __launch_bounds__(128) wgmma_sum_kernel(const std::uint8_t* a,
                                                         int use_c, float* d) {
 #if defined(MLAKIT_WGMMA_ENABLED)
   using namespace mlakit::arch;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  ProbeSmem& sm = *reinterpret_cast<ProbeSmem*>(smem_raw);
-  const int tid = static_cast<int>(threadIdx.x);
-  const int w = tid / 32, g = (tid % 32) / 4, t = tid % 4;
-  const std::uint32_t base = mlakit::detail::smem_u32(smem_raw);
-  const auto addr = [&](const void* ptr) {
-    return base + std::uint32_t(static_cast<const unsigned char*>(ptr) - smem_raw);
-  };
-  for (int i = tid; i < 64 * kK / 4; i += 128) {
-    const int r = i / (kK / 4), col = 4 * (i % (kK / 4));
-    sts32(addr(sm.a) + sw128_offset(r, col),
-          *reinterpret_cast<const std::uint32_t*>(a + r * kK + col));
-    sts32(addr(sm.b) + sw128_offset(r, col),
-          *reinterpret_cast<const std::uint32_t*>(b + r * kK + col));
-  }
-  fence_proxy_async_smem();
-  __syncthreads();
+  using namespace mlakit::testing;
+  const auto [tid, w, g, t] = warpgroup_thread();
+  const DynamicSmem smem;
+  ProbeSmem& sm = smem.as<ProbeSmem>();
+  store_sw128<64, kK>(smem.addr(sm.a), a, tid);
+  store_sw128<64, kK>(smem.addr(sm.b), b, tid);
+  publish_smem_to_wgmma();
   float acc[32];
 #pragma unroll
-  for (int i = 0; i < 32; ++i) {
-    const int row = 16 * w + g + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2 * t + (i & 1);
-    acc[i] = use_c ? c[row * 64 + col] : 0.0f;
-  }
+  for (int i = 0; i < 32; ++i) acc[i] = use_c ? c[acc_row(w, g, i) * 64 + acc_col(t, i)] : 0.0f;
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < Steps; ++ks)
-    WgmmaE4m3::mma_ss_n64(acc, wgmma_desc(addr(sm.a) + 32 * ks, 16, 1024),
-                          wgmma_desc(addr(sm.b) + 32 * ks, 16, 1024), use_c != 0 || ks > 0);
+    WgmmaE4m3::mma_ss_n64(acc, wgmma_desc(smem.addr(sm.a) + 32 * ks, 16, 1024),
+                          wgmma_desc(smem.addr(sm.b) + 32 * ks, 16, 1024), use_c != 0 || ks > 0);
   wgmma_commit();
   wgmma_wait<0>();
   fence_operand(acc);
 #pragma unroll
-  for (int i = 0; i < 32; ++i) {
-    const int row = 16 * w + g + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2 * t + (i & 1);
-    d[row * 64 + col] = acc[i];
-  }
+  for (int i = 0; i < 32; ++i) d[acc_row(w, g, i) * 64 + acc_col(t, i)] = acc[i];
 #else
   (void)a, (void)b, (void)c, (void)use_c, (void)d;
 #endif
@@ -154,24 +139,6 @@ float model_step(float acc, const Step& st, const Model& m) {
   else
     s = double(static_cast<float>(s)) + double(acc);
   return to_f32(s, m.final_rz);
-}
-
-std::uint8_t random_code(std::mt19937& rng) {  // a finite e4m3fn code, uniform over codes
-  for (;;) {
-    const auto v = static_cast<std::uint8_t>(rng() & 0xFFu);
-    if ((v & 0x7Fu) != 0x7Fu) return v;
-  }
-}
-
-std::uint8_t encode(float x) {  // nearest e4m3fn code (saturating), by search
-  std::uint8_t best = 0;
-  float err = INFINITY;
-  for (int v = 0; v < 256; ++v) {
-    if ((v & 0x7F) == 0x7F) continue;
-    const float e = std::fabs(mlakit::decode_e4m3fn(std::uint8_t(v)) - x);
-    if (e < err) err = e, best = std::uint8_t(v);
-  }
-  return best;
 }
 
 bool ok(cudaError_t e, const char* what) {
@@ -280,12 +247,12 @@ int main(int argc, char** argv) {
           } else {
           for (int i = 0; i < 64 * kK; ++i) {
             if (dist == 0) {
-              a[i] = random_code(rng);
-              b[i] = random_code(rng);
-            } else {
+              a[i] = mlakit::testing::random_e4m3(rng);
+              b[i] = mlakit::testing::random_e4m3(rng);
+            } else {  // the nearest e4m3fn values, ties to even
               const float big = (dist == 2 && i % kK == 5) ? 64.0f : 1.0f;
-              a[i] = encode(normal(rng) * big);
-              b[i] = encode(normal(rng));
+              a[i] = mlakit::encode_e4m3fn(normal(rng) * big);
+              b[i] = mlakit::encode_e4m3fn(normal(rng));
             }
           }
           for (auto& x : c) {
