@@ -151,20 +151,12 @@ __global__ void __launch_bounds__(128) fp8_operands_kernel(const float* q, const
 TEST_CASE("wgmma e4m3 operands: two-plane Q and P, kappa-ordered V^T, SS and RS",
           "[gpu][wgmma]") {
   MLAKIT_REQUIRE_GPU();
-  cudaFuncAttributes attr{};
-  REQUIRE(cudaFuncGetAttributes(&attr, fp8_operands_kernel) == cudaSuccess);
-  if (attr.binaryVersion != 90) {
+  if (mlakit::testing::loaded_binary_version(fp8_operands_kernel) != 90) {
     WARN("no sm_90a code for this device: wgmma e4m3 test skipped");
     return;
   }
   // kappa order is a permutation of each 16-key block.
-  std::vector<int> seen(64, 0);
-  for (int kappa = 0; kappa < 64; ++kappa) {
-    const int key = mlakit::arch::key_of_kappa(kappa);
-    REQUIRE(key / 16 == kappa / 16);
-    ++seen[key];
-  }
-  for (int n : seen) REQUIRE(n == 1);
+  REQUIRE(mlakit::testing::permutes_16_key_blocks(mlakit::arch::key_of_kappa));
 
   std::mt19937 rng(4242);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f), unit(0.0f, 1.0f);

@@ -47,10 +47,8 @@ __global__ void __launch_bounds__(128) fp8_kt_operands_kernel(const float* q,
   const auto [tid, w, g, t] = warpgroup_thread();
   const int lane = tid % 32;
   const auto addr = [&](const void* ptr) { return smem.addr(ptr); };
-  // Accumulator i of wgmma m64nN for this thread: M row (keys of S^T, dims of O^T) and N
-  // column (rows).
-  const auto acc_m = [&](int i) { return acc_row(w, g, i); };
-  const auto acc_n = [&](int i) { return acc_col(t, i); };
+  // Accumulator i of wgmma m64nN for this thread: M row acc_row(w, g, i) (keys of S^T, dims
+  // of O^T) and N column acc_col(t, i) (rows).
 
   for (int i = tid; i < 64 * kKd / 4; i += 128) {
     const int r = i / (kKd / 4), c = 4 * (i % (kKd / 4));
@@ -78,12 +76,12 @@ __global__ void __launch_bounds__(128) fp8_kt_operands_kernel(const float* q,
   wgmma_wait<0>();
   fence_operand(s);
 #pragma unroll
-  for (int i = 0; i < 32; ++i) st_out[acc_m(i) * 64 + acc_n(i)] = s[i];
+  for (int i = 0; i < 32; ++i) st_out[acc_row(w, g, i) * 64 + acc_col(t, i)] = s[i];
 
   // P (host values, key x row in the S^T accumulator layout) x 256 -> P^T in shared memory.
   float pa[32];
 #pragma unroll
-  for (int i = 0; i < 32; ++i) pa[i] = p[acc_n(i) * 64 + acc_m(i)];
+  for (int i = 0; i < 32; ++i) pa[i] = p[acc_col(t, i) * 64 + acc_row(w, g, i)];
   store_pt_e4m3_kt(pa, 256.0f, addr(sm.pt), w, lane);
   publish_smem_to_wgmma();
 
@@ -113,7 +111,7 @@ __global__ void __launch_bounds__(128) fp8_kt_operands_kernel(const float* q,
     for (int i = 0; i < 32; ++i) {
       // M row 16 w + g (+ 8) is dim 64 mt + 16 w + 2 g (+ 1).
       const int dim = 64 * mt + 16 * w + 2 * g + ((i >> 1) & 1);
-      ot_out[acc_n(i) * kDims + dim] = o[mt][i] / 256.0f;
+      ot_out[acc_col(t, i) * kDims + dim] = o[mt][i] / 256.0f;
     }
   }
 #else
@@ -126,20 +124,12 @@ __global__ void __launch_bounds__(128) fp8_kt_operands_kernel(const float* q,
 TEST_CASE("wgmma e4m3 keys-as-M operands: S^T from the raw tile, V^T by ldmatrix, P^T by stmatrix",
           "[gpu][wgmma]") {
   MLAKIT_REQUIRE_GPU();
-  cudaFuncAttributes attr{};
-  REQUIRE(cudaFuncGetAttributes(&attr, fp8_kt_operands_kernel) == cudaSuccess);
-  if (attr.binaryVersion != 90) {
+  if (mlakit::testing::loaded_binary_version(fp8_kt_operands_kernel) != 90) {
     WARN("no sm_90a code for this device: wgmma e4m3 keys-as-M test skipped");
     return;
   }
   // The keys-as-M kappa order is a permutation of each 16-key block.
-  std::vector<int> seen(64, 0);
-  for (int kappa = 0; kappa < 64; ++kappa) {
-    const int key = mlakit::arch::key_of_kappa_kt(kappa);
-    REQUIRE(key / 16 == kappa / 16);
-    ++seen[key];
-  }
-  for (int n : seen) REQUIRE(n == 1);
+  REQUIRE(mlakit::testing::permutes_16_key_blocks(mlakit::arch::key_of_kappa_kt));
 
   std::mt19937 rng(777);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f), unit(0.0f, 1.0f);

@@ -26,7 +26,29 @@ inline std::uint8_t random_e4m3(std::mt19937& rng) {
 // by the caller first (two roundings, as when the value is stored as float and then as bf16).
 inline float bf16(float x) { return to_float(from_float<bf16_t>(x)); }
 
+// Whether key_of maps each 16-key block of a 64-key tile onto itself, one to one (a kappa
+// order of arch/wgmma_fp8_sm90.hpp).
+inline bool permutes_16_key_blocks(int (*key_of)(int)) {
+  int seen[64] = {};
+  for (int kappa = 0; kappa < 64; ++kappa) {
+    const int key = key_of(kappa);
+    if (key < 0 || key >= 64 || key / 16 != kappa / 16) return false;
+    ++seen[key];
+  }
+  for (int n : seen)
+    if (n != 1) return false;
+  return true;
+}
+
 #if defined(MLAKIT_PLATFORM_CUDA)
+// The binary version of the code the runtime loads for `kernel` on the current device (90 for
+// sm_90a code), 0 when it cannot be queried.
+template <class Kernel>
+int loaded_binary_version(Kernel* kernel) {
+  cudaFuncAttributes attr{};
+  return cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.binaryVersion : 0;
+}
+
 // A device copy of a host vector, freed on scope exit; `status` is the first CUDA error of
 // the allocation and copy (callers check it: this header does not depend on a test framework).
 template <class T>
