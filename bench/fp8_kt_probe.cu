@@ -64,9 +64,6 @@ __global__ void __launch_bounds__(256, 1) probe_kernel(const std::uint8_t* src, 
 
   const std::uint32_t q_hi = addr(sm.q[0][0]), q_lo = addr(sm.q[1][0]);
   const std::uint32_t kv_own = addr(sm.kv[w][0]);
-  const auto chunk_desc = [](std::uint32_t tile, int ks) {
-    return wgmma_desc(tile + (ks >> 2) * 8192 + 32 * (ks & 3), 16, 1024);
-  };
   float o[4][32];
 #pragma unroll
   for (int mt = 0; mt < 4; ++mt)
@@ -89,8 +86,8 @@ __global__ void __launch_bounds__(256, 1) probe_kernel(const std::uint8_t* src, 
       for (int ks = 0; ks < 18; ++ks)
 #pragma unroll
         for (int pl = 0; pl < 2; ++pl)
-          WgmmaE4m3::mma_ss_n64(s, chunk_desc(kv_own, ks), chunk_desc(pl ? q_lo : q_hi, ks),
-                                ks + pl > 0);
+          WgmmaE4m3::mma_ss_n64(s, sw128_kstep_desc_e4m3(kv_own, ks),
+                                sw128_kstep_desc_e4m3(pl ? q_lo : q_hi, ks), ks + pl > 0);
       wgmma_commit();
       wgmma_wait<0>();
       fence_operand(s);
@@ -103,8 +100,8 @@ __global__ void __launch_bounds__(256, 1) probe_kernel(const std::uint8_t* src, 
         for (int st = 0; st < (c < 4 ? 4 : 2); ++st)
 #pragma unroll
           for (int pl = 0; pl < 2; ++pl)
-            WgmmaE4m3::mma_ss_n64(tmp, chunk_desc(kv_own, 4 * c + st),
-                                  chunk_desc(pl ? q_lo : q_hi, 4 * c + st), st + pl > 0);
+            WgmmaE4m3::mma_ss_n64(tmp, sw128_kstep_desc_e4m3(kv_own, 4 * c + st),
+                                  sw128_kstep_desc_e4m3(pl ? q_lo : q_hi, 4 * c + st), st + pl > 0);
         wgmma_commit();
         wgmma_wait<0>();
         fence_operand(tmp);

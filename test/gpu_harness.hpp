@@ -115,6 +115,16 @@ struct DeviceBuffer {
   explicit DeviceBuffer(std::size_t n) : bytes(n) {
     if (n > 0 && !gpu_malloc(&ptr, n)) ptr = nullptr;
   }
+  // A device copy of h (h.size() * sizeof(T) bytes); ptr stays null when the allocation or the
+  // copy fails (the error is printed). T is deduced only from a vector, so a size argument
+  // always selects the constructor above.
+  template <class T>
+  explicit DeviceBuffer(const std::vector<T>& h) : DeviceBuffer(h.size() * sizeof(T)) {
+    if (ptr && !gpu_h2d(ptr, h.data(), bytes)) {
+      gpu_free(ptr);
+      ptr = nullptr;
+    }
+  }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   ~DeviceBuffer() {
@@ -130,6 +140,13 @@ struct DeviceBuffer {
   template <class T>
   T* as() const {
     return static_cast<T*>(ptr);
+  }
+  // The first n elements of the buffer as T, into h (resized to n); false when the copy fails
+  // (the error is printed).
+  template <class T>
+  bool download(std::vector<T>& h, std::size_t n) const {
+    h.resize(n);
+    return gpu_d2h(h.data(), ptr, n * sizeof(T));
   }
 };
 

@@ -51,15 +51,7 @@ __global__ void __launch_bounds__(128) fp8_operands_kernel(const float* q, const
   FpSmem& sm = smem.as<FpSmem>();
 
   // Q planes and raw K / V into their swizzled layouts (4 bytes per step).
-  for (int i = tid; i < 64 * kKd / 4; i += 128) {
-    const int r = i / (kKd / 4), c = 4 * (i % (kKd / 4));
-    const float x[4] = {q[r * kKd + c], q[r * kKd + c + 1], q[r * kKd + c + 2],
-                        q[r * kKd + c + 3]};
-    std::uint32_t hi, lo;
-    split_e4m3x4(x, hi, lo);
-    sts32(smem.addr(sm.q_hi) + sw128_offset(r, c), hi);
-    sts32(smem.addr(sm.q_lo) + sw128_offset(r, c), lo);
-  }
+  store_q_planes_sw128<64, kKd>(smem.addr(sm.q_hi), smem.addr(sm.q_lo), q, nullptr, tid);
   store_sw128<64, kKd>(smem.addr(sm.k), k, tid);
   store_sw128<64, kDims>(smem.addr(sm.v[0]), v, tid);
   __syncthreads();
@@ -180,24 +172,26 @@ TEST_CASE("wgmma e4m3 operands: two-plane Q and P, kappa-ordered V^T, SS and RS"
   for (auto& b : k) b = random_e4m3(rng);
   for (auto& b : v) b = random_e4m3(rng);
 
-  mlakit::testing::DeviceCopy<float> dq(q), dp(p);
-  mlakit::testing::DeviceCopy<std::uint8_t> dk(k), dv(v);
+  using mlakit::testing::DeviceBuffer;
+  const DeviceBuffer dq(q), dp(p), dk(k), dv(v);
   std::vector<float> nan_s(64 * 64, std::nanf("")), nan_o(64 * kDims, std::nanf(""));
-  mlakit::testing::DeviceCopy<float> s_ss(nan_s), s_rs(nan_s), o_rs(nan_o), o_ss(nan_o);
-  for (cudaError_t e : {dq.status, dp.status, dk.status, dv.status, s_ss.status, s_rs.status,
-                        o_rs.status, o_ss.status})
-    REQUIRE(e == cudaSuccess);
+  const DeviceBuffer s_ss(nan_s), s_rs(nan_s), o_rs(nan_o), o_ss(nan_o);
+  for (const DeviceBuffer* b : {&dq, &dp, &dk, &dv, &s_ss, &s_rs, &o_rs, &o_ss})
+    REQUIRE(b->ptr != nullptr);
   const int smem = static_cast<int>(sizeof(FpSmem));
   REQUIRE(cudaFuncSetAttribute(fp8_operands_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                smem) == cudaSuccess);
-  fp8_operands_kernel<<<1, 128, smem>>>(dq.ptr, dk.ptr, dp.ptr, dv.ptr, s_ss.ptr, s_rs.ptr,
-                                        o_rs.ptr, o_ss.ptr);
+  fp8_operands_kernel<<<1, 128, smem>>>(dq.as<float>(), dk.as<std::uint8_t>(), dp.as<float>(),
+                                        dv.as<std::uint8_t>(), s_ss.as<float>(), s_rs.as<float>(),
+                                        o_rs.as<float>(), o_ss.as<float>());
   REQUIRE(cudaGetLastError() == cudaSuccess);
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
 
   // S: error bound from the two-plane representation of Q (relative 2^-8 of each |q|, plus
   // 2^-10 absolute for the entries below the lo plane's normal range) times |k|.
-  const auto hs_ss = s_ss.get(64 * 64), hs_rs = s_rs.get(64 * 64);
+  std::vector<float> hs_ss, hs_rs;
+  REQUIRE(s_ss.download(hs_ss, 64 * 64));
+  REQUIRE(s_rs.download(hs_rs, 64 * 64));
   double worst_s = 0.0;
   for (int r = 0; r < 64; ++r)
     for (int n = 0; n < 64; ++n) {
@@ -216,9 +210,9 @@ TEST_CASE("wgmma e4m3 operands: two-plane Q and P, kappa-ordered V^T, SS and RS"
     }
   // O: P's planes hold p x 256 to 2^-8 relative (every p here is >= 2^-10, in the normal
   // range of both planes), V is exact.
-  const auto ho_rs = o_rs.get(64 * kDims), ho_ss = o_ss.get(64 * kDims);
-  for (cudaError_t e : {s_ss.status, s_rs.status, o_rs.status, o_ss.status})
-    REQUIRE(e == cudaSuccess);
+  std::vector<float> ho_rs, ho_ss;
+  REQUIRE(o_rs.download(ho_rs, 64 * kDims));
+  REQUIRE(o_ss.download(ho_ss, 64 * kDims));
   double worst_o = 0.0;
   for (int r = 0; r < 64; ++r)
     for (int d = 0; d < kDims; ++d) {

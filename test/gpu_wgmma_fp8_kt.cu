@@ -22,9 +22,6 @@
 
 namespace {
 
-using mlakit::arch::sw128_offset;
-using mlakit::arch::sw64_offset;
-
 constexpr int kKd = 128;    // K dimension of S^T in this test (one 128-byte chunk)
 constexpr int kDims = 256;  // V dims of O^T (four m64 tiles)
 
@@ -50,15 +47,7 @@ __global__ void __launch_bounds__(128) fp8_kt_operands_kernel(const float* q,
   // Accumulator i of wgmma m64nN for this thread: M row acc_row(w, g, i) (keys of S^T, dims
   // of O^T) and N column acc_col(t, i) (rows).
 
-  for (int i = tid; i < 64 * kKd / 4; i += 128) {
-    const int r = i / (kKd / 4), c = 4 * (i % (kKd / 4));
-    const float x[4] = {q[r * kKd + c], q[r * kKd + c + 1], q[r * kKd + c + 2],
-                        q[r * kKd + c + 3]};
-    std::uint32_t hi, lo;
-    split_e4m3x4(x, hi, lo);
-    sts32(addr(sm.q_hi) + sw128_offset(r, c), hi);
-    sts32(addr(sm.q_lo) + sw128_offset(r, c), lo);
-  }
+  store_q_planes_sw128<64, kKd>(addr(sm.q_hi), addr(sm.q_lo), q, nullptr, tid);
   store_sw128<64, kDims>(addr(sm.kv[0]), kv, tid);
   publish_smem_to_wgmma();
 
@@ -145,22 +134,23 @@ TEST_CASE("wgmma e4m3 keys-as-M operands: S^T from the raw tile, V^T by ldmatrix
   std::vector<std::uint8_t> kv(64 * kDims);
   for (auto& b : kv) b = mlakit::encode_e4m3fn(normal(rng));
 
-  mlakit::testing::DeviceCopy<float> dq(q), dp(p);
-  mlakit::testing::DeviceCopy<std::uint8_t> dkv(kv);
+  using mlakit::testing::DeviceBuffer;
+  const DeviceBuffer dq(q), dp(p), dkv(kv);
   std::vector<float> nan_s(64 * 64, std::nanf("")), nan_o(64 * kDims, std::nanf(""));
-  mlakit::testing::DeviceCopy<float> st(nan_s), ot(nan_o);
-  for (cudaError_t e : {dq.status, dp.status, dkv.status, st.status, ot.status})
-    REQUIRE(e == cudaSuccess);
+  const DeviceBuffer st(nan_s), ot(nan_o);
+  for (const DeviceBuffer* b : {&dq, &dp, &dkv, &st, &ot}) REQUIRE(b->ptr != nullptr);
   const int smem = static_cast<int>(sizeof(KtSmem));
   REQUIRE(cudaFuncSetAttribute(fp8_kt_operands_kernel,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, smem) == cudaSuccess);
-  fp8_kt_operands_kernel<<<1, 128, smem>>>(dq.ptr, dkv.ptr, dp.ptr, st.ptr, ot.ptr);
+  fp8_kt_operands_kernel<<<1, 128, smem>>>(dq.as<float>(), dkv.as<std::uint8_t>(), dp.as<float>(),
+                                           st.as<float>(), ot.as<float>());
   REQUIRE(cudaGetLastError() == cudaSuccess);
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
 
   // S^T[key][row]: the two-plane Q holds each |q| to 2^-8 relative; the sum's own error
   // (truncation about 2^-13 of the largest term per k-step) is far below that bound.
-  const auto hs = st.get(64 * 64);
+  std::vector<float> hs;
+  REQUIRE(st.download(hs, 64 * 64));
   double worst_s = 0.0;
   for (int key = 0; key < 64; ++key)
     for (int r = 0; r < 64; ++r) {
@@ -179,9 +169,8 @@ TEST_CASE("wgmma e4m3 keys-as-M operands: S^T from the raw tile, V^T by ldmatrix
   // remains, bounded here by 2^-7 of the largest term (64 units of 2^-13 for a chain of two
   // k-steps; the H200's largest measured for four k-steps is 44). A key or dim in the wrong
   // place moves the sum by the difference of two terms.
-  const auto ho = ot.get(64 * kDims);
-  REQUIRE(st.status == cudaSuccess);
-  REQUIRE(ot.status == cudaSuccess);
+  std::vector<float> ho;
+  REQUIRE(ot.download(ho, 64 * kDims));
   double worst_o = 0.0;
   for (int r = 0; r < 64; ++r)
     for (int d = 0; d < kDims; ++d) {

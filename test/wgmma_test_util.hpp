@@ -1,9 +1,10 @@
 #pragma once
 // Pieces shared by the e4m3 warpgroup-MMA programs (test/gpu_wgmma_fp8.cu,
-// test/accuracy/fp8_wgmma_sum.cu, test/accuracy/fp8_matrix_tile.cu): host-side operand helpers,
-// and the common preamble of their one-warpgroup sm_90a kernels (the thread's place in the
-// warpgroup, the dynamic shared memory and shared addresses into it, 128-byte-swizzled operand
-// stores, the hand-over of those stores to wgmma). For CUDA translation units (nvcc).
+// test/gpu_wgmma_fp8_kt.cu, test/accuracy/fp8_wgmma_sum.cu, test/accuracy/fp8_matrix_tile.cu):
+// host-side operand helpers, and the common preamble of their one-warpgroup sm_90a kernels (the
+// thread's place in the warpgroup, the dynamic shared memory and shared addresses into it,
+// 128-byte-swizzled operand stores, the hand-over of those stores to wgmma). For CUDA
+// translation units (nvcc).
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -48,30 +49,6 @@ int loaded_binary_version(Kernel* kernel) {
   cudaFuncAttributes attr{};
   return cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.binaryVersion : 0;
 }
-
-// A device copy of a host vector, freed on scope exit; `status` is the first CUDA error of
-// the allocation and copy (callers check it: this header does not depend on a test framework).
-template <class T>
-struct DeviceCopy {
-  T* ptr = nullptr;
-  cudaError_t status = cudaSuccess;
-  explicit DeviceCopy(const std::vector<T>& h) {
-    status = cudaMalloc(&ptr, h.size() * sizeof(T));
-    if (status == cudaSuccess)
-      status = cudaMemcpy(ptr, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  DeviceCopy(const DeviceCopy&) = delete;
-  DeviceCopy& operator=(const DeviceCopy&) = delete;
-  ~DeviceCopy() { cudaFree(ptr); }
-  // The first n elements back on the host (zeros where the copy fails: the caller checks
-  // `status` after it).
-  std::vector<T> get(std::size_t n) {
-    std::vector<T> h(n);
-    const cudaError_t e = cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost);
-    if (status == cudaSuccess) status = e;
-    return h;
-  }
-};
 
 // Declared for every CUDA pass (like the arch/ helpers they call); only the kernels' sm_90a
 // bodies (MLAKIT_WGMMA_ENABLED) use them.
@@ -128,6 +105,30 @@ __device__ __forceinline__ void store_sw128(std::uint32_t dst, const std::uint8_
     const int r = i / (RowBytes / 4), c = 4 * (i % (RowBytes / 4));
     arch::sts32(dst + std::uint32_t(c / 128 * Rows * 128) + arch::sw128_offset(r, c % 128),
                 *reinterpret_cast<const std::uint32_t*>(src + r * RowBytes + c));
+  }
+}
+
+// A row-major [Rows][Cols] float matrix in global memory (Q), row r divided by row_scale[r] (a
+// power of two, so the division is exact; row_scale null: no scaling), stored to shared memory
+// as two e4m3 planes hi = e4m3(x), lo = e4m3(x - hi) (split_e4m3x4), each in the layout of
+// store_sw128 with one byte per column: chunk c of the hi plane at hi + c * Rows * 128, of the
+// lo plane at lo + c * Rows * 128. 4 columns per thread and step (Cols a multiple of 4); plain
+// stores, like store_sw128.
+template <int Rows, int Cols>
+__device__ __forceinline__ void store_q_planes_sw128(std::uint32_t hi, std::uint32_t lo,
+                                                     const float* q, const float* row_scale,
+                                                     int tid) {
+  static_assert(Cols % 4 == 0, "4-byte stores");
+  for (int i = tid; i < Rows * Cols / 4; i += 128) {
+    const int r = i / (Cols / 4), c = 4 * (i % (Cols / 4));
+    const float inv = row_scale != nullptr ? 1.0f / row_scale[r] : 1.0f;
+    const float* src = q + r * Cols + c;
+    const float x[4] = {src[0] * inv, src[1] * inv, src[2] * inv, src[3] * inv};
+    std::uint32_t h, l;
+    arch::split_e4m3x4(x, h, l);
+    const std::uint32_t off = std::uint32_t(c / 128 * Rows * 128) + arch::sw128_offset(r, c % 128);
+    arch::sts32(hi + off, h);
+    arch::sts32(lo + off, l);
   }
 }
 

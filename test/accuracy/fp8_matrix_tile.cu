@@ -27,6 +27,7 @@
 #include <random>
 #include <vector>
 
+#include "gpu_harness.hpp"
 #include "mlakit/arch/wgmma_fp8_sm90.hpp"
 #include "mlakit/core/numeric.hpp"
 #include "mlakit/mlakit.hpp"
@@ -35,6 +36,9 @@
 namespace {
 
 using mlakit::testing::bf16;
+using mlakit::testing::DeviceBuffer;
+using mlakit::testing::gpu_d2h;
+using mlakit::testing::gpu_h2d;
 
 constexpr int kDims = 576;    // key length: latent 512 + rotary 64
 constexpr int kHalf = 256;    // value dims per launch (one m64n256 accumulator)
@@ -71,16 +75,8 @@ __global__ void __launch_bounds__(128) matrix_tile_kernel(const float* q, const 
     sm.qscale[tid] = s;
   }
   __syncthreads();
-  for (int i = tid; i < kRows * kDims / 4; i += 128) {
-    const int r = i / (kDims / 4), c = 4 * (i % (kDims / 4));
-    const float inv = 1.0f / sm.qscale[r];  // a power of two: exact
-    const float x[4] = {q[r * kDims + c] * inv, q[r * kDims + c + 1] * inv,
-                        q[r * kDims + c + 2] * inv, q[r * kDims + c + 3] * inv};
-    std::uint32_t hi, lo;
-    split_e4m3x4(x, hi, lo);
-    sts32(smem.addr(sm.q[0][c / 128]) + sw128_offset(r, c % 128), hi);
-    sts32(smem.addr(sm.q[1][c / 128]) + sw128_offset(r, c % 128), lo);
-  }
+  store_q_planes_sw128<kRows, kDims>(smem.addr(sm.q[0][0]), smem.addr(sm.q[1][0]), q, sm.qscale,
+                                     tid);
   const float log2_scale = float(kScale * 1.4426950408889634);
   float rf[2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -107,10 +103,8 @@ __global__ void __launch_bounds__(128) matrix_tile_kernel(const float* q, const 
       if (opens) wgmma_fence();
 #pragma unroll
       for (int pl = 0; pl < QPlanes; ++pl)
-        WgmmaE4m3::mma_ss_n64(chain,
-                              wgmma_desc(smem.addr(sm.q[pl][ks / 4]) + 32 * (ks % 4), 16, 1024),
-                              wgmma_desc(smem.addr(sm.k[ks / 4]) + 32 * (ks % 4), 16, 1024),
-                              !(opens && pl == 0));
+        WgmmaE4m3::mma_ss_n64(chain, sw128_kstep_desc_e4m3(smem.addr(sm.q[pl][0]), ks),
+                              sw128_kstep_desc_e4m3(smem.addr(sm.k[0]), ks), !(opens && pl == 0));
       if (closes) {
         wgmma_commit();
         wgmma_wait<0>();
@@ -259,14 +253,8 @@ int main() {
           for (int d = 0; d < 512; ++d) ref[r * 512 + d] /= lsum;
           ref_lse[r] = mx + std::log(lsum);
         }
-        float *dq, *dout, *dlse;
-        std::uint8_t* dkv;
-        ok(cudaMalloc(&dq, q.size() * sizeof(float)), "malloc");
-        ok(cudaMalloc(&dkv, kv.size()), "malloc");
-        ok(cudaMalloc(&dout, kRows * kHalf * sizeof(float)), "malloc");
-        ok(cudaMalloc(&dlse, kRows * sizeof(float)), "malloc");
-        ok(cudaMemcpy(dq, q.data(), q.size() * sizeof(float), cudaMemcpyHostToDevice), "copy");
-        ok(cudaMemcpy(dkv, kv.data(), kv.size(), cudaMemcpyHostToDevice), "copy");
+        const DeviceBuffer dq(q), dkv(kv), dout(kRows * kHalf * sizeof(float)),
+            dlse(kRows * sizeof(float));
         {  // decode(): bf16 Q and output, the same e4m3fn cache bytes
           std::vector<std::uint16_t> qb(q.size());
           for (std::size_t i = 0; i < q.size(); ++i) qb[i] = mlakit::encode_bf16(q[i]);
@@ -274,16 +262,9 @@ int main() {
           std::vector<std::int32_t> table(static_cast<std::size_t>(pages));
           for (int i = 0; i < pages; ++i) table[i] = i;
           const std::int32_t kv_len = len;
-          void *dqb, *dob, *dtab, *dlen, *dws;
-          float* dl;
-          ok(cudaMalloc(&dqb, qb.size() * 2), "malloc");
-          ok(cudaMalloc(&dob, kRows * 512 * 2), "malloc");
-          ok(cudaMalloc(&dtab, table.size() * 4), "malloc");
-          ok(cudaMalloc(&dlen, 4), "malloc");
-          ok(cudaMalloc(&dl, kRows * sizeof(float)), "malloc");
-          ok(cudaMemcpy(dqb, qb.data(), qb.size() * 2, cudaMemcpyHostToDevice), "copy");
-          ok(cudaMemcpy(dtab, table.data(), table.size() * 4, cudaMemcpyHostToDevice), "copy");
-          ok(cudaMemcpy(dlen, &kv_len, 4, cudaMemcpyHostToDevice), "copy");
+          const DeviceBuffer dqb(qb), dob(kRows * 512 * 2), dtab(table), dlen(4),
+              dl(kRows * sizeof(float));
+          gpu_h2d(dlen.ptr, &kv_len, 4);
           mlakit::DecodeArgs args;
           args.q_type = mlakit::DType::bf16;
           args.kv_type = mlakit::DType::fp8_e4m3fn;
@@ -294,18 +275,18 @@ int main() {
           args.page_size = 64;
           args.max_pages_per_request = pages;
           mlakit::set_packed_strides(args);
-          args.q = dqb;
-          args.kv = dkv;
-          args.block_table = static_cast<const std::int32_t*>(dtab);
-          args.kv_len = static_cast<const std::int32_t*>(dlen);
-          args.out = dob;
-          args.lse = dl;
+          args.q = dqb.ptr;
+          args.kv = dkv.ptr;
+          args.block_table = dtab.as<std::int32_t>();
+          args.kv_len = dlen.as<std::int32_t>();
+          args.out = dob.ptr;
+          args.lse = dl.as<float>();
           args.softmax_scale = float(kScale);
           mlakit::DeviceInfo dev;
           if (!mlakit::query_device(&dev)) return 1;
           const std::size_t ws = mlakit::workspace_bytes(args, dev);
-          ok(cudaMalloc(&dws, ws + 1), "malloc");
-          const mlakit::Status st = mlakit::decode(args, dws, ws, nullptr);
+          const DeviceBuffer dws(ws + 1);
+          const mlakit::Status st = mlakit::decode(args, dws.ptr, ws, nullptr);
           if (!st) {
             std::fprintf(stderr, "decode: %s\n", st.message().c_str());
             return 1;
@@ -313,8 +294,8 @@ int main() {
           if (!ok(cudaDeviceSynchronize(), "sync")) return 1;
           std::vector<std::uint16_t> ob(kRows * 512);
           std::vector<float> lb(kRows);
-          ok(cudaMemcpy(ob.data(), dob, ob.size() * 2, cudaMemcpyDeviceToHost), "copy");
-          ok(cudaMemcpy(lb.data(), dl, lb.size() * 4, cudaMemcpyDeviceToHost), "copy");
+          gpu_d2h(ob.data(), dob.ptr, ob.size() * 2);
+          gpu_d2h(lb.data(), dl.ptr, lb.size() * 4);
           double num = 0, den = 0, dlse = 0;
           for (int r = 0; r < kRows; ++r) {
             for (int d = 0; d < 512; ++d) {
@@ -326,17 +307,17 @@ int main() {
           }
           std::printf("%-72s %-30s %6d %4d %10.3e %10.3e\n", "decode(): 16-bit compute (the library)",
                       data_names[data], len, seed, std::sqrt(num / den), dlse);
-          cudaFree(dqb), cudaFree(dob), cudaFree(dtab), cudaFree(dlen), cudaFree(dl), cudaFree(dws);
         }
         for (const Arith& a : ariths) {
           double num = 0, den = 0, dl = 0;
           for (int half = 0; half < 2; ++half) {
             std::vector<float> o(kRows * kHalf, NAN), l(kRows, NAN);
-            ok(cudaMemcpy(dout, o.data(), o.size() * sizeof(float), cudaMemcpyHostToDevice), "copy");
-            a.fn<<<1, 128, smem>>>(dq, dkv, len, half, dout, dlse);
+            gpu_h2d(dout.ptr, o.data(), o.size() * sizeof(float));
+            a.fn<<<1, 128, smem>>>(dq.as<float>(), dkv.as<std::uint8_t>(), len, half,
+                                   dout.as<float>(), dlse.as<float>());
             if (!ok(cudaGetLastError(), "launch") || !ok(cudaDeviceSynchronize(), "sync")) return 1;
-            ok(cudaMemcpy(o.data(), dout, o.size() * sizeof(float), cudaMemcpyDeviceToHost), "copy");
-            ok(cudaMemcpy(l.data(), dlse, l.size() * sizeof(float), cudaMemcpyDeviceToHost), "copy");
+            gpu_d2h(o.data(), dout.ptr, o.size() * sizeof(float));
+            gpu_d2h(l.data(), dlse.ptr, l.size() * sizeof(float));
             for (int r = 0; r < kRows; ++r) {
               for (int d = 0; d < kHalf; ++d) {
                 const double x = bf16(o[r * kHalf + d]), y = ref[r * 512 + half * kHalf + d];
@@ -349,7 +330,6 @@ int main() {
           std::printf("%-72s %-30s %6d %4d %10.3e %10.3e\n", a.name, data_names[data], len, seed,
                       std::sqrt(num / den), dl);
         }
-        cudaFree(dq), cudaFree(dkv), cudaFree(dout), cudaFree(dlse);
       }
   return 0;
 }

@@ -64,6 +64,14 @@ MLAKIT_HOST_DEVICE constexpr std::uint32_t sw64_offset(int row, int col) {
 
 #if defined(MLAKIT_PLATFORM_CUDA)
 
+// The descriptor of k-step ks >= 0 (columns 32 ks .. 32 ks + 31) of a K-major e4m3 operand of
+// 64 rows stored at shared address base (1024-byte aligned) as 128-column chunks with the
+// 128-byte swizzle (sw128_offset, chunk stride 64 x 128 B = 8 KB): chunk ks / 4, plus the
+// layout's k32 step of 32 bytes per k-step within it.
+__device__ __forceinline__ std::uint64_t sw128_kstep_desc_e4m3(std::uint32_t base, int ks) {
+  return wgmma_desc(base + std::uint32_t(ks >> 2) * 8192 + 32 * std::uint32_t(ks & 3), 16, 1024);
+}
+
 // Four floats -> four e4m3fn bytes (round to nearest even, saturating to +-448), x0 in the
 // lowest byte.
 __device__ __forceinline__ std::uint32_t f32x4_to_e4m3x4(float x0, float x1, float x2, float x3) {
