@@ -223,6 +223,7 @@ struct CombineCase {
   std::uint64_t seed = 1;
   int warps_per_row = 0;  // combine layout: 0 = the one decode() picks for the plan
   int col_splits = 0;     //   (both 0), else forced
+  bool deep = false;      //   with 256 or 64 bytes of loads per lane in flight
 };
 
 double decode16(DType t, std::uint16_t h) {
@@ -313,11 +314,13 @@ void check_combine_once(const CombineCase& c) {
   a.lse = c.lse ? d_lse.as<float>() : nullptr;
 
   // The launch of api/decode.hpp, with the layout it picks for this plan (0) or forced to
-  // 1, 2, 4 or 8 warps per row and 1, 2 or 4 column slices, so that every layout of the
-  // kernel meets every case.
+  // 1, 2, 4 or 8 warps per row, 1, 2 or 4 column slices and either batch depth, so that every
+  // layout of the kernel meets every case.
   detail::CombineLayout layout = detail::combine_layout(shape, rows, c.sms);
-  if (c.warps_per_row > 0) layout = detail::CombineLayout{c.warps_per_row, c.col_splits};
-  INFO("warps per row " << layout.warps_per_row << ", column slices " << layout.col_splits);
+  if (c.warps_per_row > 0)
+    layout = detail::CombineLayout{c.warps_per_row, c.col_splits, c.deep};
+  INFO("warps per row " << layout.warps_per_row << ", column slices " << layout.col_splits
+                        << ", deep " << layout.deep);
   const detail::WorkspaceView view = detail::workspace_view(d_ws.ptr, wl, rows_padded);
   const Status launch = c.q_type == DType::bf16
                             ? detail::launch_combine<bf16_t>(a, view, layout, nullptr)
@@ -431,16 +434,18 @@ TEST_CASE("device planner equals plan_on_host at batch 65535", "[gpu]") {
 }
 
 // Every case with decode()'s layout and with each forced one (1, 2, 4, 8 warps per row;
-// 1, 2 and 4 column slices).
+// 1, 2 and 4 column slices; both batch depths).
 void check_combine(CombineCase c) {
   c.warps_per_row = c.col_splits = 0;
   check_combine_once(c);
   for (int w = 1; w <= detail::kCombineWarps; w *= 2)
-    for (int cs = 1; cs <= detail::kCombineMaxColSplits; cs *= 2) {
-      c.warps_per_row = w;
-      c.col_splits = cs;
-      check_combine_once(c);
-    }
+    for (int cs = 1; cs <= detail::kCombineMaxColSplits; cs *= 2)
+      for (bool deep : {false, true}) {
+        c.warps_per_row = w;
+        c.col_splits = cs;
+        c.deep = deep;
+        check_combine_once(c);
+      }
 }
 
 TEST_CASE("combine merges split partials like a double LSE merge", "[gpu]") {

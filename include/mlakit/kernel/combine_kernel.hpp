@@ -3,9 +3,9 @@
 // into O and the optional LSE. A block of 256 threads serves one request, 256 / (kWarpSize W)
 // rows of it (32-lane warps on NVIDIA, 64-lane waves on AMD) and 512 / C of the output columns:
 // W warps per row (1, 2, 4 or 8 on NVIDIA, up to 4 on AMD; W = 1 is one warp per row) and
-// C column slices (1, 2 or 4; each block of a row reads all of the row's LSEs, n floats). The
-// pieces of a row go to its warps in turn (piece i to warp i mod W), each warp merging its
-// pieces online in one pass (no wait for the row's merged LSE), so a row cut into
+// C column slices (1, 2 or 4 on NVIDIA, up to 2 on AMD; each block of a row reads all of the
+// row's LSEs, n floats). The pieces of a row go to its warps in turn (piece i to warp i mod W), each
+// warp merging its pieces online in one pass (no wait for the row's merged LSE), so a row cut into
 // hundreds of pieces (a long context at small batch) merges in a few memory latencies over
 // W x C warps, while many short splits waste no threads. W and C are chosen on the host from
 // the plan's shape (combine_layout), never from kv_len values. Column slices change no sum.
@@ -26,12 +26,41 @@ namespace mlakit::detail {
 inline constexpr int kCombineThreads = 256;
 inline constexpr int kCombineWarps = kCombineThreads / kWarpSize;
 
-// Most column slices: one group of 4 columns per lane and piece.
+// Most column slices: one group of 4 columns per lane and piece (4 on NVIDIA, 2 on AMD).
 inline constexpr int kCombineMaxColSplits = kHeadDimV / kWarpSize / 4;
+
+// Columns a lane loads at once from a slice of 512 / C columns: 8 (16 bytes of the 16-bit
+// output type), or 4 (8 bytes) where the slice leaves fewer than 8 per lane.
+template <int C>
+inline constexpr int kCombineGroupCols = kHeadDimV / kWarpSize / C >= 8 ? 8 : 4;
+
+// A group's bits (G / 2 words of two 16-bit values) and its words by index.
+template <int G>
+struct CombineGroup;
+template <>
+struct CombineGroup<8> {
+  using type = uint4;
+  __device__ static std::uint32_t word(const uint4& v, int q) {
+    return q == 0 ? v.x : q == 1 ? v.y : q == 2 ? v.z : v.w;
+  }
+  __device__ static uint4 of(const std::uint32_t (&w)[4]) {
+    return make_uint4(w[0], w[1], w[2], w[3]);
+  }
+};
+template <>
+struct CombineGroup<4> {
+  using type = uint2;
+  __device__ static std::uint32_t word(const uint2& v, int q) { return q == 0 ? v.x : v.y; }
+  __device__ static uint2 of(const std::uint32_t (&w)[2]) { return make_uint2(w[0], w[1]); }
+};
 
 struct CombineLayout {
   int warps_per_row = 1;  // W
   int col_splits = 1;     // C
+  // 256 instead of 64 bytes of loads per lane in flight (about 120 instead of 56 registers per
+  // thread): for grids of at most one block per SM, where registers limit nothing and a warp
+  // walking many pieces waits for memory once per batch.
+  bool deep = false;
 
   // Blocks along the row dimension for `rows` rows per request (grid.y).
   int row_groups(int rows) const {
@@ -53,22 +82,26 @@ inline CombineLayout combine_layout(const PlanShape& shape, int rows, int sm_cou
   while (l.col_splits < kCombineMaxColSplits && 4 * l.warps_per_row * l.col_splits < avg &&
          2 * blocks * l.col_splits <= sm_count)
     l.col_splits *= 2;
+  l.deep = blocks * l.col_splits <= sm_count;
   return l;
 }
 
-// One kernel per column-slice count C (1, 2 or 4): the 4-column groups per lane of a slice, and so
-// how many pieces the loop below loads at once, are compile-time numbers.
-template <class T, int C>
+// One kernel per column-slice count C (1, 2 or 4) and batch depth (kDeep: CombineLayout::deep):
+// the column groups per lane of a slice, and so how many pieces the loop below loads at
+// once, are compile-time numbers.
+template <class T, int C, bool kDeep>
 __global__ void __launch_bounds__(kCombineThreads)
     combine_kernel(DecodeArgs a, WorkspaceView ws, int warps_per_row) {
-  constexpr int kVecPerLane = kHeadDimV / kWarpSize / 4;  // 4-column groups per lane, 2 on AMD
   constexpr int col_splits = C;
   static_assert(C >= 1 && C <= kCombineMaxColSplits,
                 "column slices of one 4-column group per lane or more");
+  constexpr int G = kCombineGroupCols<C>;
+  using Group = CombineGroup<G>;
+  using Vec = typename Group::type;
+  constexpr int vecs = kHeadDimV / kWarpSize / C / G;  // G-column groups per lane in the slice
   __shared__ float red_m[kCombineWarps], red_l[kCombineWarps];
-  __shared__ float part[kCombineWarps][kHeadDimV];
+  alignas(16) __shared__ float part[kCombineWarps][kHeadDimV];
   const int b = static_cast<int>(blockIdx.x);
-  constexpr int vecs = kVecPerLane / col_splits;  // 4-column groups per lane in this slice
   const int col0 = static_cast<int>(blockIdx.z) * (kHeadDimV / col_splits);
   const RequestPlan r = ws.requests[b];
   if (r.num_pieces <= 1) return;  // written directly by the decode kernel (whole block)
@@ -84,28 +117,28 @@ __global__ void __launch_bounds__(kCombineThreads)
 
   // One pass: each warp merges its pieces online (LseMerge: running max and sum, and the
   // weighted sum acc of their outputs, all relative to the max), so no load waits for the
-  // row's merged LSE. The pieces are walked kPieces at a time (8 loads of 4 columns, 8 bytes,
-  // per lane): every load of a batch (LSE and O) is issued before any is used, so a warp
-  // waits for memory once per batch; the batch's largest LSE rescales acc and the sum once,
-  // then its pieces are added in increasing order. Pieces that saw no key (LSE -inf) add
-  // nothing. Columns of group j of this lane: col0 + 4 * (lane + j * kWarpSize) + 0..3.
-  constexpr int kPieces = 8 / vecs;  // vecs is 1, 2 or 4
+  // row's merged LSE. The pieces are walked kPieces at a time (256 or 64 bytes of loads of G
+  // columns per lane, kDeep or not): every load of a batch (LSE and O) is issued before any is
+  // used, so a warp waits for memory once per batch; the batch's largest LSE rescales acc and
+  // the sum once, then its pieces are added in increasing order. Pieces that saw no key (LSE
+  // -inf) add nothing. Columns of group j of this lane: col0 + G (lane + j kWarpSize) + 0..G-1.
+  constexpr int kPieces = (kDeep ? 256 : 64) / (vecs * G * 2);
   const int mine = n > sub ? (n - sub + W - 1) / W : 0;  // pieces of this warp
   LseMerge st;  // the same in every lane of the warp (every lane reads the same LSEs)
-  float acc[4 * vecs];
+  float acc[G * vecs];
 #pragma unroll
-  for (int j = 0; j < 4 * vecs; ++j) acc[j] = 0.0f;
+  for (int j = 0; j < G * vecs; ++j) acc[j] = 0.0f;
   for (int p0 = 0; p0 < mine; p0 += kPieces) {
     float lse_u[kPieces];
-    uint2 v_u[kPieces][vecs];  // 4 values of the output type each
+    Vec v_u[kPieces][vecs];  // G values of the output type each
 #pragma unroll
     for (int u = 0; u < kPieces; ++u) {
       lse_u[u] = neg_inf();
       if (p0 + u < mine) {
         const std::int64_t slot = first + std::int64_t(sub + (p0 + u) * W) * stride;
         lse_u[u] = ws.partial_lse[slot];
-        const uint2* src =
-            reinterpret_cast<const uint2*>(ws.partial_o + slot * kHeadDimV + col0) + lane;
+        const Vec* src =
+            reinterpret_cast<const Vec*>(ws.partial_o + slot * kHeadDimV + col0) + lane;
 #pragma unroll
         for (int j = 0; j < vecs; ++j) v_u[u][j] = src[j * kWarpSize];
       }
@@ -117,7 +150,7 @@ __global__ void __launch_bounds__(kCombineThreads)
     const float f = st.raise_max(bm);  // 0 while acc is still empty
     if (f != 1.0f) {
 #pragma unroll
-      for (int j = 0; j < 4 * vecs; ++j) acc[j] *= f;
+      for (int j = 0; j < G * vecs; ++j) acc[j] *= f;
     }
 #pragma unroll
     for (int u = 0; u < kPieces; ++u) {
@@ -125,13 +158,13 @@ __global__ void __launch_bounds__(kCombineThreads)
         const float w = st.add_below_max(lse_u[u]);
 #pragma unroll
         for (int j = 0; j < vecs; ++j) {
-          float v0, v1, v2, v3;
-          arch::unpack2<T>(v_u[u][j].x, v0, v1);
-          arch::unpack2<T>(v_u[u][j].y, v2, v3);
-          acc[4 * j + 0] += w * v0;
-          acc[4 * j + 1] += w * v1;
-          acc[4 * j + 2] += w * v2;
-          acc[4 * j + 3] += w * v3;
+#pragma unroll
+          for (int q = 0; q < G / 2; ++q) {
+            float lo, hi;
+            arch::unpack2<T>(Group::word(v_u[u][j], q), lo, hi);
+            acc[G * j + 2 * q] += w * lo;
+            acc[G * j + 2 * q + 1] += w * hi;
+          }
         }
       }
     }
@@ -142,9 +175,14 @@ __global__ void __launch_bounds__(kCombineThreads)
   float fac[kCombineWarps] = {};  // W > 1 only; unrolled with k < W guards: stays in registers
   if (W > 1) {  // W is the same in the whole block: every thread reaches the barrier
 #pragma unroll
-    for (int j = 0; j < vecs; ++j)
+    for (int j = 0; j < vecs; ++j)  // 16-byte stores
 #pragma unroll
-      for (int e = 0; e < 4; ++e) part[warp][4 * (lane + j * kWarpSize) + e] = acc[4 * j + e];
+      for (int k = 0; k < G / 4; ++k) {
+        const float* v = &acc[G * j + 4 * k];
+        *reinterpret_cast<uint4*>(&part[warp][G * (lane + j * kWarpSize) + 4 * k]) =
+            make_uint4(float_to_bits(v[0]), float_to_bits(v[1]), float_to_bits(v[2]),
+                       float_to_bits(v[3]));
+      }
     if (lane == 0) {
       red_m[warp] = st.max_lse;
       red_l[warp] = st.sum;
@@ -164,11 +202,14 @@ __global__ void __launch_bounds__(kCombineThreads)
   T* out =
       static_cast<T*>(a.out) + b * a.o_stride_batch + t * a.o_stride_token + h * a.o_stride_head;
   if (W == 1) {
+    // 16-byte stores: O's rows are 16-byte aligned (validate_pointers, validate_strides).
 #pragma unroll
     for (int j = 0; j < vecs; ++j) {
-      const int col = col0 + 4 * (lane + j * kWarpSize);
+      const float* v = &acc[G * j];
+      std::uint32_t w[G / 2];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) out[col + e] = from_float<T>(acc[4 * j + e] * inv);
+      for (int q = 0; q < G / 2; ++q) w[q] = arch::pack2<T>(v[2 * q] * inv, v[2 * q + 1] * inv);
+      *reinterpret_cast<Vec*>(out + col0 + G * (lane + j * kWarpSize)) = Group::of(w);
     }
   } else {
 #pragma unroll
@@ -192,16 +233,17 @@ inline Status launch_combine(const DecodeArgs& a, const WorkspaceView& ws, Combi
                              Stream stream) {
   const dim3 grid(a.batch, l.row_groups(a.rows()), l.col_splits);
   const dim3 block(kCombineThreads);
+  const auto launch = [&](auto kernel) {
+    return launch_kernel("combine_kernel", kernel, grid, block, 0, stream, a, ws,
+                         l.warps_per_row);
+  };
   if constexpr (kCombineMaxColSplits >= 4) {
     if (l.col_splits == 4)
-      return launch_kernel("combine_kernel", combine_kernel<T, 4>, grid, block, 0, stream, a, ws,
-                           l.warps_per_row);
+      return l.deep ? launch(combine_kernel<T, 4, true>) : launch(combine_kernel<T, 4, false>);
   }
   if (l.col_splits == 2)
-    return launch_kernel("combine_kernel", combine_kernel<T, 2>, grid, block, 0, stream, a, ws,
-                         l.warps_per_row);
-  return launch_kernel("combine_kernel", combine_kernel<T, 1>, grid, block, 0, stream, a, ws,
-                       l.warps_per_row);
+    return l.deep ? launch(combine_kernel<T, 2, true>) : launch(combine_kernel<T, 2, false>);
+  return l.deep ? launch(combine_kernel<T, 1, true>) : launch(combine_kernel<T, 1, false>);
 }
 
 }  // namespace mlakit::detail
