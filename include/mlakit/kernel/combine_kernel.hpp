@@ -58,8 +58,9 @@ struct CombineLayout {
   int warps_per_row = 1;  // W
   int col_splits = 1;     // C
   // 256 instead of 64 bytes of loads per lane in flight (about 120 instead of 56 registers per
-  // thread): for grids of at most one block per SM, where registers limit nothing and a warp
-  // walking many pieces waits for memory once per batch.
+  // thread): for unsliced grids of at most one block per SM, where registers limit nothing and
+  // a warp walking many pieces waits for memory once per batch. With column slices it was
+  // slower (docs/performance.md, "Split plan, planner and combine").
   bool deep = false;
 
   // Blocks along the row dimension for `rows` rows per request (grid.y).
@@ -82,7 +83,7 @@ inline CombineLayout combine_layout(const PlanShape& shape, int rows, int sm_cou
   while (l.col_splits < kCombineMaxColSplits && 4 * l.warps_per_row * l.col_splits < avg &&
          2 * blocks * l.col_splits <= sm_count)
     l.col_splits *= 2;
-  l.deep = blocks * l.col_splits <= sm_count;
+  l.deep = l.col_splits == 1 && blocks <= sm_count;
   return l;
 }
 
