@@ -4,9 +4,9 @@
 // rows of it (32-lane warps on NVIDIA, 64-lane waves on AMD) and 512 / C of the output columns:
 // W warps per row (1, 2, 4 or 8 on NVIDIA, up to 4 on AMD; W = 1 is one warp per row) and
 // C column slices (1, 2 or 4 on NVIDIA, up to 2 on AMD; each block of a row reads all of the
-// row's LSEs, n floats). The pieces of a row go to its warps in turn (piece i to warp i mod W), each
-// warp merging its pieces online in one pass (no wait for the row's merged LSE), so a row cut into
-// hundreds of pieces (a long context at small batch) merges in a few memory latencies over
+// row's LSEs, n floats). The pieces of a row go to its warps in turn (piece i to warp i mod W),
+// each warp merging its pieces online in one pass (no wait for the row's merged LSE), so a row
+// cut into hundreds of pieces (a long context at small batch) merges in a few memory latencies over
 // W x C warps, while many short splits waste no threads. W and C are chosen on the host from
 // the plan's shape (combine_layout), never from kv_len values. Column slices change no sum.
 // Every sum has a fixed order (per warp in piece order, then over the row's warps in order):
