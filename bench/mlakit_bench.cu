@@ -2,21 +2,25 @@
 // cuBLAS bf16 matrix product), then sweeps decode shapes. Per shape: one correctness check of
 // sampled rows against the double-precision reference, then timed calls rotating over KV sets
 // so the cache does not sit in L2; counters give the median time, bytes/s and FLOP/s as
-// counted as docs/design.md ("Work and traffic") says, percent of the measured ceilings, the plan (CTAs, partials) and
-// the time with split-KV off (planner + combine overhead = time - time with splits off), and
-// us_graph: the same calls captured in a CUDA graph, as a serving engine replays them (no host
-// launch cost in it).
+// counted as docs/design.md ("Work and traffic") says, percent of the measured ceilings, the plan
+// (CTAs, partials) and the time with split-KV off (planner + combine overhead = time - time with
+// splits off), and us_graph: the same calls captured in a CUDA graph, as a serving engine replays
+// them (no host launch cost in it).
 // --plans also times split-KV off and fixed splits 2..64 (those whose workspace is at most
 // 1 GiB), each in a CUDA graph as us_graph is, and reports the best plan other than the
 // automatic one: us_best_other, best_splits (1 = none) and auto_over_best (us_graph / that
 // time), and each plan's own time: us_fixed1 (split-KV off), us_fixed2 .. us_fixed64.
-//   mlakit_bench [--quick] [--plans] [google benchmark flags, e.g. --benchmark_format=json]
+// --splits=N,N,... replaces the fixed counts --plans times (2, 4, 8, 16, 32, 64).
+// --shape=H,Q,KV,B,L,PS (repeatable; KV fp8 or bf16, causal) times only the shapes given.
+//   mlakit_bench [--quick] [--plans] [--shape=...] [google benchmark flags, e.g.
+//   --benchmark_format=json]
 #include <benchmark/benchmark.h>
 #include <cublas_v2.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -31,7 +35,8 @@ namespace {
 double g_copy_tbps = 0, g_mma_tflops = 0;
 std::uint8_t* g_pool = nullptr;  // random KV rows, large enough for the biggest shape
 std::size_t g_pool_bytes = 0;
-bool g_plans = false;  // --plans: also time fixed split counts
+bool g_plans = false;                               // --plans: also time fixed split counts
+std::vector<int> g_splits = {2, 4, 8, 16, 32, 64};  // --splits: the fixed counts --plans times
 
 __global__ void fill_random(std::uint8_t* p, std::size_t n, int fp8, std::uint32_t seed) {
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n / 2;
@@ -314,7 +319,7 @@ void run_shape(benchmark::State& st, Shape s) {
     double best = graph_time(off, ws.ptr, ws.bytes);  // ms
     int best_n = 1;
     st.counters["us_fixed1"] = best * 1e3;
-    for (int n : {2, 4, 8, 16, 32, 64}) {
+    for (int n : g_splits) {
       DecodeArgs f = a;
       f.split_mode = SplitMode::fixed;
       f.num_splits = n;
@@ -421,33 +426,8 @@ std::string shape_name(const Shape& s) {
          std::to_string(s.kv_len) + "/ps" + std::to_string(s.page_size);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  if (!gpu_present()) {
-    std::printf("no GPU present: nothing to benchmark\n");
-    return 0;
-  }
-  bool quick = false;
-  std::vector<char*> args;
-  for (int i = 0; i < argc; ++i) {
-    if (std::string(argv[i]) == "--quick")
-      quick = true;
-    else if (std::string(argv[i]) == "--plans")
-      g_plans = true;
-    else
-      args.push_back(argv[i]);
-  }
-  measure_ceilings();
-  std::printf("ceilings: device copy %.2f TB/s (read + write), cuBLAS bf16 8192^3 %.0f TFLOP/s\n",
-              g_copy_tbps, g_mma_tflops);
-  g_pool_bytes = std::size_t(24) << 30;
-  if (cudaMalloc(&g_pool, g_pool_bytes) != cudaSuccess) {
-    std::printf("pool alloc failed\n");
-    return 1;
-  }
-  fill_random<<<4096, 256>>>(g_pool, g_pool_bytes, 1, 3);  // fp8 codes; bf16 shapes get
-  cudaDeviceSynchronize();                                 // random bf16 bits below
+// The shapes timed without --shape: the quick set, and with quick false the full sweep.
+std::vector<Shape> default_shapes(bool quick) {
   std::vector<Shape> shapes;
   // The issue's reference points: 16 heads, batch 128, kv_len 8192.
   for (DType kv : {DType::fp8_e4m3fn, DType::bf16})
@@ -484,6 +464,63 @@ int main(int argc, char** argv) {
       for (int b : {1, 8})
         for (int L : {8192, 32768}) shapes.push_back({16, q, DType::fp8_e4m3fn, b, L, 64});
   }
+  return shapes;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (!gpu_present()) {
+    std::printf("no GPU present: nothing to benchmark\n");
+    return 0;
+  }
+  bool quick = false;
+  std::vector<char*> args;
+  std::vector<Shape> given;
+  for (int i = 0; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--quick") {
+      quick = true;
+    } else if (arg == "--plans") {
+      g_plans = true;
+    } else if (arg.rfind("--splits=", 0) == 0) {
+      g_splits.clear();
+      for (const char* c = arg.c_str() + 9; *c != 0;) {
+        char* end = nullptr;
+        const long n = std::strtol(c, &end, 10);
+        if (end == c || n < 2 || n > 4096) {
+          std::printf("%s: expected --splits=N,N,... (2..4096)\n", arg.c_str());
+          return 1;
+        }
+        g_splits.push_back(static_cast<int>(n));
+        c = *end == ',' ? end + 1 : end;
+      }
+    } else if (arg.rfind("--shape=", 0) == 0) {
+      Shape s{};
+      char kv[8] = {};
+      if (std::sscanf(arg.c_str() + 8, "%d,%d,%7[a-z0-9],%d,%d,%d", &s.heads, &s.q_len, kv,
+                      &s.batch, &s.kv_len, &s.page_size) != 6 ||
+          (std::string(kv) != "fp8" && std::string(kv) != "bf16")) {
+        std::printf("%s: expected --shape=H,Q,fp8|bf16,B,L,PS\n", arg.c_str());
+        return 1;
+      }
+      s.kv = std::string(kv) == "fp8" ? DType::fp8_e4m3fn : DType::bf16;
+      given.push_back(s);
+    } else {
+      args.push_back(argv[i]);
+    }
+  }
+  measure_ceilings();
+  std::printf("ceilings: device copy %.2f TB/s (read + write), cuBLAS bf16 8192^3 %.0f TFLOP/s\n",
+              g_copy_tbps, g_mma_tflops);
+  g_pool_bytes = std::size_t(24) << 30;
+  if (cudaMalloc(&g_pool, g_pool_bytes) != cudaSuccess) {
+    std::printf("pool alloc failed\n");
+    return 1;
+  }
+  fill_random<<<4096, 256>>>(g_pool, g_pool_bytes, 1, 3);  // fp8 codes; bf16 shapes get
+  cudaDeviceSynchronize();                                 // random bf16 bits below
+  const std::vector<Shape> shapes = given.empty() ? default_shapes(quick) : given;
   for (const Shape& s : shapes) {
     benchmark::RegisterBenchmark(shape_name(s).c_str(),
                                  [s](benchmark::State& st) {

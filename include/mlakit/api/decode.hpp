@@ -246,11 +246,12 @@ inline Status launch_sm90a(const KernelChoice&, dim3, const KernelArgs&, Stream)
 }
 #endif
 
-// Launches the planner for `shape`: a 128-thread block for batches up to 128, else 1024.
+// Launches the planner for `shape`: a 128-thread block that plans in shared memory for batches
+// up to 128, else 1024 threads on the workspace.
 inline Status launch_planner(const DecodeArgs& a, const PlanShape& shape, const WorkspaceView& ws,
                              Stream stream) {
   if (shape.batch <= kSmallPlannerThreads)
-    return launch_kernel("plan_kernel", plan_kernel<kSmallPlannerThreads>, dim3(1),
+    return launch_kernel("plan_kernel", plan_kernel<kSmallPlannerThreads, true>, dim3(1),
                          dim3(kSmallPlannerThreads), 0, stream, a, shape, ws);
   return launch_kernel("plan_kernel", plan_kernel<kPlannerThreads>, dim3(1), dim3(kPlannerThreads),
                        0, stream, a, shape, ws);

@@ -180,17 +180,29 @@ __device__ CtaWork plan_for_block(const KernelArgs& p, RequestPlan* req, int row
   return w;
 }
 
-template <int Threads = kPlannerThreads>
+// The planner kernel. kSharedPlan (batch <= Threads): the passes run on RequestPlan[batch] in
+// shared memory and the plan is copied to the workspace at the end, so that the read-backs of
+// passes 2 and 3 and the binary searches of pass 4 wait on shared memory, not on L2 (each
+// step of the search depends on the one before; at small batch the planner is latency bound).
+template <int Threads = kPlannerThreads, bool kSharedPlan = false>
 __global__ void __launch_bounds__(Threads)
     plan_kernel(DecodeArgs a, PlanShape shape, WorkspaceView ws) {
-  const BlockPlan bp = plan_requests<Threads>(a, shape, ws.requests);
+  constexpr int kSharedRequests = kSharedPlan ? Threads : 1;
+  __shared__ RequestPlan shared_req[kSharedRequests];
+  RequestPlan* const req = kSharedPlan ? shared_req : ws.requests;
+  const BlockPlan bp = plan_requests<Threads>(a, shape, req);
   const int tid = static_cast<int>(threadIdx.x);
   if (tid == 0) store_plan_header(ws, bp);
-  __syncthreads();  // every RequestPlan is written before the CTA ranges search them
+  if constexpr (kSharedPlan) {
+    // plan_requests ends with a barrier: every RequestPlan is in shared memory.
+    for (int b = tid; b < shape.batch; b += Threads) ws.requests[b] = req[b];
+  } else {
+    __syncthreads();  // every RequestPlan is written before the CTA ranges search them
+  }
 
   // Pass 4: request range of every CTA.
   for (int c = tid; c < shape.num_ctas; c += Threads)
-    ws.ctas[c] = cta_plan_of(ws.requests, shape.batch, c, bp.per_cta, bp.total);
+    ws.ctas[c] = cta_plan_of(req, shape.batch, c, bp.per_cta, bp.total);
 }
 
 }  // namespace mlakit::detail
