@@ -41,6 +41,9 @@ struct PlannerCase {
   int row_tiles = 1;
   int sms = 132;
   int min_piece_tiles = kMinPieceTiles;
+  int tile_step = 1;          // PlanShape::tile_step
+  int partials_per_tile = 0;  // PlanShape::partials_per_tile
+  bool count_row_tiles = false;
   // PlanShape::may_shift from the longest capacity (what decode() derives for a block table)
   // rather than true (the search for the longest request, always safe).
   bool bound_shift = false;
@@ -49,7 +52,9 @@ struct PlannerCase {
     std::ostringstream s;
     s << "batch " << lens.size() << (ids == PageIds::csr ? " csr" : " bt") << " ps " << page_size
       << " mode " << int(mode) << "/" << splits << " row_tiles " << row_tiles << " sms " << sms
-      << " min piece " << min_piece_tiles << (bound_shift ? " bounded shift" : "");
+      << " min piece " << min_piece_tiles << " step " << tile_step << " partials per tile " << partials_per_tile
+      << (count_row_tiles ? " of every row tile" : "")
+      << (bound_shift ? " bounded shift" : "");
     return s.str();
   }
 };
@@ -63,6 +68,9 @@ std::string run_planner(const PlannerCase& c) {
   shape.mode = c.mode;
   shape.fixed_splits = c.mode == SplitMode::fixed ? c.splits : 1;
   shape.min_piece_tiles = c.min_piece_tiles;
+  shape.tile_step = c.tile_step;
+  shape.partials_per_tile = c.partials_per_tile;
+  shape.count_row_tiles = c.count_row_tiles;
   // 1 + batch % 2 CTAs per SM: both values the policies use.
   shape.num_ctas =
       plan_num_ctas(c.mode, shape.fixed_splits, batch, c.row_tiles, c.sms, 1 + batch % 2);
@@ -191,6 +199,9 @@ PlannerCase random_planner_case(std::mt19937_64& g, int batch, int trial) {
   c.row_tiles = 1 + int(g() % 64);
   c.sms = trial % 3 == 0 ? 304 : 132;
   c.min_piece_tiles = 1 + trial % 3;
+  c.tile_step = 1 + trial / 5 % 2;
+  c.partials_per_tile = trial % 5 < 2 ? 0 : 8 * (trial % 5);
+  c.count_row_tiles = trial % 7 < 4;
   c.bound_shift = trial % 4 < 2;
   c.page_size = 1 + int(g() % 256);
   c.max_pages = 1 + int(g() % 3000);

@@ -237,7 +237,7 @@ TEST_CASE("choose_kernel: every outcome's plan fits workspace_bytes()", "[kernel
                 const KernelChoice c = choose(a, dev, p);
                 CHECK(c.ctas_per_sm >= 1);
                 CHECK(c.ctas_per_sm <= c.resident_ctas_per_sm);
-                const PlanShape s = detail::plan_shape_for(a, c.policy, dev, c.ctas_per_sm);
+                const PlanShape s = detail::plan_shape_of(a, dev, c);
                 const int rows = arch::kPolicies[c.policy].rows;
                 CHECK(std::size_t(detail::workspace_layout(s, s.row_tiles * rows).bytes) <=
                       workspace_bytes(a, dev));

@@ -80,8 +80,26 @@ std::string check_plan(const PlanShape& p, const std::vector<int>& lens, PlanSta
     if (max_units > kShortRequestTiles) least = std::max<long long>(least, kMinPieceTiles);
     const long long cand = std::max(least, ceil_div(max_units, k));
     if (8 * (cand + kOverheadUnits) <= 9 * (per + kOverheadUnits)) {
-      t = cand;
-      per = cand + kOverheadUnits;
+      // Rounded up to the tile step; with a weight M > 0, of the step multiples above that
+      // and up to the longest request, those next to sqrt(rows x units / M) (the real-valued
+      // minimum of u x M + rows x units / u) may replace it where their cost is lower.
+      const long long step = std::max(1, p.tile_step);
+      t = ceil_div(cand, step) * step;
+      long long units = 0;
+      for (int len : lens) units += ceil_div(ceil_div(len, kPlanTokens), unit);
+      if (p.partials_per_tile > 0 && units > 0) {
+        const long long m = p.partials_per_tile;
+        const long long rows = p.count_row_tiles ? p.row_tiles : 1;
+        const auto cost = [&](long long u) { return u * m + rows * ceil_div(units, u); };
+        const double root = std::sqrt(double(rows * units) / double(m));
+        const long long first = t;
+        for (long long u = first + step; u <= max_units; u += step) {
+          const bool next_to_root = u <= root ? root < u + step : u - step <= root;
+          if (next_to_root && cost(u) < cost(t)) t = u;
+          if (u > root) break;
+        }
+      }
+      per = t + kOverheadUnits;
     }
   }
   if (h.per_cta != per)
@@ -285,6 +303,10 @@ TEST_CASE("planner: coverage, balance and capacity on random length mixes", "[pl
     p.mode = SplitMode(trial % 3);
     p.row_tiles = 1 + int(g() % 64);
     p.min_piece_tiles = 1 + int(g() % 4);
+    // Half the trials take tiles in pairs, half weigh the partials (1 to 32 per tile).
+    p.tile_step = 1 + trial / 3 % 2;
+    p.partials_per_tile = trial % 4 < 2 ? 0 : 1 + int(g() % 32);
+    p.count_row_tiles = trial % 8 < 4;
     p.fixed_splits = p.mode == SplitMode::fixed ? 1 + int(g() % kMaxSplits) : 1;
     const int sms = trial % 2 ? 132 : 304;
     const int per_sm = 1 + (trial / 2) % 2;
@@ -293,7 +315,9 @@ TEST_CASE("planner: coverage, balance and capacity on random length mixes", "[pl
     if (!e.empty()) {
       INFO("trial " << trial << " " << mode_name(p.mode) << " batch " << batch << " kind " << kind
                     << " row_tiles " << p.row_tiles << " splits " << p.fixed_splits << " ctas "
-                    << p.num_ctas << " sms " << sms << ": " << e);
+                    << p.num_ctas << " sms " << sms << " step " << p.tile_step << " partials per tile " << p.partials_per_tile
+                    << (p.count_row_tiles ? " of every row tile" : "")
+                    << ": " << e);
       REQUIRE(e.empty());
     }
     ++trials;

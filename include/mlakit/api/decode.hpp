@@ -274,7 +274,7 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   const bool own_kernel =
       c.mainloop != arch::Mainloop::warpgroup_split_o && c.mainloop != arch::Mainloop::keys_as_m;
 
-  const PlanShape shape = plan_shape_for(a, PolicyIndex, dev, c.ctas_per_sm);
+  const PlanShape shape = plan_shape_of(a, dev, c);
   const int rows_padded = shape.row_tiles * Tr::kRows;
   const WorkspaceLayout wl = workspace_layout(shape, rows_padded);
   if (!(s = check_workspace_pointer(workspace, workspace_size))) return s;

@@ -112,11 +112,15 @@ inline EntryKv table_entry_kv(const DecodeArgs& a) {
 // ---- the plan -----------------------------------------------------------------------------------
 
 // Row tiling and plan shape of a request mix for tile policy `policy` (arch::kPolicies), for a
-// kernel with `ctas_per_sm` CTAs resident per SM.
+// kernel with `ctas_per_sm` CTAs resident per SM; `pieces` sets the aligned plans' tile step
+// and piece weight (PlanShape::tile_step, partials_per_tile, count_row_tiles).
 inline PlanShape plan_shape_for(const DecodeArgs& a, int policy, const DeviceInfo& dev,
-                                int ctas_per_sm) {
+                                int ctas_per_sm, const PlanShape& pieces = PlanShape{}) {
   const arch::TilePolicy& tp = arch::kPolicies[policy];
   PlanShape s;
+  s.tile_step = pieces.tile_step;
+  s.partials_per_tile = pieces.partials_per_tile;
+  s.count_row_tiles = pieces.count_row_tiles;
   s.batch = a.batch;
   s.row_tiles = (a.rows() + tp.rows - 1) / tp.rows;
   s.mode = a.split_mode;
@@ -235,9 +239,30 @@ inline KernelChoice choose_kernel(const DecodeArgs& a, const DeviceInfo& dev) {
   return choose_kernel(a, dev, policy_index(a, dev));
 }
 
+// The 64-row Hopper kernels (split-O, and keys-as-M with split dims) consume KV tiles in
+// pairs, and their pieces cost more than the plan's overhead units say: at batch 1 a line of
+// 128 pieces is slower than one of 64 twice as long. Fitted to the batch 1-4 sweeps of
+// docs/performance.md ("Constants"): 24 pieces cost one tile in every piece; the split-O
+// kernel counts the pieces of every row tile, the keys-as-M kernel those of one.
+inline constexpr int kPairTileStep = 2;
+inline constexpr int kPairPartialsPerTile = 24;
+
+// The plan shape of choice `c` for `a`.
+inline PlanShape plan_shape_of(const DecodeArgs& a, const DeviceInfo& dev, const KernelChoice& c) {
+  PlanShape pieces;
+  const bool split_o = c.mainloop == arch::Mainloop::warpgroup_split_o;
+  if (arch::kPolicies[c.policy].rows == 64 &&
+      (split_o || c.mainloop == arch::Mainloop::keys_as_m)) {
+    pieces.tile_step = kPairTileStep;
+    pieces.partials_per_tile = kPairPartialsPerTile;
+    pieces.count_row_tiles = split_o;
+  }
+  return plan_shape_for(a, c.policy, dev, c.ctas_per_sm, pieces);
+}
+
 // The plan shape decode() launches for `a` with policy `policy` through the dispatch table.
 inline PlanShape plan_shape(const DecodeArgs& a, int policy, const DeviceInfo& dev) {
-  return plan_shape_for(a, policy, dev, choose_kernel(a, dev, policy).ctas_per_sm);
+  return plan_shape_of(a, dev, choose_kernel(a, dev, policy));
 }
 
 // ---- the workspace of every choice --------------------------------------------------------------

@@ -21,6 +21,7 @@
 // count that lets the longest request have floor(num_ctas / batch) pieces. Equal lengths then
 // get equal pieces: k each (or none), never k + 1 at shifted boundaries, each costing a Q
 // load, a partial and a pipeline fill.
+#include <cmath>
 #include <cstdint>
 
 #include "config.hpp"
@@ -67,6 +68,17 @@ struct PlanShape {
   // tile shift (line_may_shift, set on the host by plan_shape_for). When false the planner
   // takes shift 0 without first finding the longest request. true is always safe.
   bool may_shift = true;
+  // Automatic mode, aligned plans: KV tiles the decode kernel consumes together (the 64-row
+  // kernels take tiles in pairs and pad an odd count), so a piece of a multiple of it wastes
+  // none; pieces of an aligned plan are at least this long and a multiple of it
+  // (aligned_piece_tiles).
+  int tile_step = 1;
+  // Automatic mode, aligned plans: pieces of the line (each a partial written, read and
+  // merged), counted in every row tile where count_row_tiles, else in one, that cost as much as
+  // one more KV tile in every piece; 0 for none. With it the piece size trades the two
+  // (aligned_piece_tiles): where pieces are many, fewer longer ones.
+  int partials_per_tile = 0;
+  bool count_row_tiles = false;
 
   // Upper bound on pieces that belong to split requests: each CTA is the first or last CTA
   // of at most two split requests, and a request strictly inside a CTA's range is unsplit.
@@ -216,6 +228,47 @@ MLAKIT_HOST_DEVICE inline int least_piece_tiles(const PlanShape& p, int max_tile
   return max_tiles <= kShortRequestTiles || m >= kMinPieceTiles ? m : kMinPieceTiles;
 }
 
+// Pieces cost of an aligned plan whose pieces have u tiles (aligned_piece_tiles):
+// u x M + rows x ceil(units / u), the pieces of the line as if its requests were one.
+MLAKIT_HOST_DEVICE inline std::int64_t aligned_plan_cost(std::int64_t m, std::int64_t rows,
+                                                        int units, int u) {
+  return u * m + rows * ((units - 1) / u + 1);  // int division: units <= kMaxLineUnits
+}
+
+// Aligned plan: the tiles of a piece, given the least count t that fits the grid, the line's
+// KV units `units` (the total less every request's overhead) and the longest request's
+// `max_tiles`: t rounded up to p.tile_step; then, with M = p.partials_per_tile > 0, whichever
+// of that and the two multiples of the step around sqrt(rows x units / M) (where the
+// real-valued cost u x M + rows x units / u is least) that lie above it and at most max_tiles
+// has the least aligned_plan_cost, the shortest on a tie. rows: p.row_tiles where
+// p.count_row_tiles, else 1. No loop: the planner is latency bound, and every instruction on
+// its path adds to a small batch's call. IEEE double square root and division give the same
+// candidates on the host and the device.
+MLAKIT_HOST_DEVICE inline int aligned_piece_tiles(const PlanShape& p, int units, int max_tiles,
+                                                  int t) {
+  const int step = p.tile_step > 1 ? p.tile_step : 1;
+  t = (t + step - 1) / step * step;
+  const std::int64_t m = p.partials_per_tile;
+  if (m <= 0 || units <= 0 || max_tiles <= t) return t;
+  const std::int64_t rows = p.count_row_tiles && p.row_tiles > 1 ? p.row_tiles : 1;
+  // rows x units < 2^36 (at most 256 row tiles in the domain, units <= kMaxLineUnits): the
+  // root is below 2^18
+  const double root = std::sqrt(static_cast<double>(rows * units) / static_cast<double>(m));
+  const int lo = static_cast<int>(root) / step * step;
+  int best_t = t;
+  std::int64_t best = aligned_plan_cost(m, rows, units, t);
+  if (lo > t && lo <= max_tiles) {
+    const std::int64_t c = aligned_plan_cost(m, rows, units, lo);
+    if (c < best) {
+      best = c;
+      best_t = lo;
+    }
+  }
+  const int hi = lo + step;
+  if (hi > t && hi <= max_tiles && aligned_plan_cost(m, rows, units, hi) < best) best_t = hi;
+  return best_t;
+}
+
 // The budget of a plan: units per CTA, and for an aligned automatic plan the most KV tiles of
 // a piece (0: not aligned, requests packed end to end on the line).
 struct PlanBudget {
@@ -232,7 +285,8 @@ struct PlanBudget {
 // k)) tiles per piece (least_piece_tiles), t + kOverheadUnits units per CTA. Every request then
 // needs ceil(tiles / t) <= k CTAs, so the batch fits the grid. Taken when its makespan (t plus
 // the overhead) is at most 1/kAlignSlack longer than the packed plan's (U plus the overhead of
-// the piece a CTA continues).
+// the piece a CTA continues). An aligned plan then takes aligned_piece_tiles(t): as long or
+// longer pieces, so that it fits the grid too.
 MLAKIT_HOST_DEVICE inline PlanBudget plan_budget(const PlanShape& p, int total, int max_cost,
                                                  int tile_shift = 0) {
   const int g = p.num_ctas > 0 ? p.num_ctas : 1;
@@ -248,6 +302,7 @@ MLAKIT_HOST_DEVICE inline PlanBudget plan_budget(const PlanShape& p, int total, 
   t = t < least ? least : t;
   if (std::int64_t(t + kOverheadUnits) * kAlignSlack <=
       std::int64_t(b.per_cta + kOverheadUnits) * (kAlignSlack + 1)) {
+    t = aligned_piece_tiles(p, total - p.batch * kOverheadUnits, max_tiles, t);
     b.per_cta = t + kOverheadUnits;
     b.piece_tiles = t;
   }
