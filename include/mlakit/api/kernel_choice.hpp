@@ -241,9 +241,11 @@ inline KernelChoice choose_kernel(const DecodeArgs& a, const DeviceInfo& dev) {
 
 // The 64-row Hopper kernels (split-O, and keys-as-M with split dims) consume KV tiles in
 // pairs, and their pieces cost more than the plan's overhead units say: at batch 1 a line of
-// 128 pieces is slower than one of 64 twice as long. Fitted to the batch 1-4 sweeps of
-// docs/performance.md ("Constants"): 24 pieces cost one tile in every piece; the split-O
-// kernel counts the pieces of every row tile, the keys-as-M kernel those of one.
+// 128 pieces is slower than one of 64 twice as long. Fitted to the batch 1-8 sweeps of
+// docs/performance.md ("Constants"): 24 pieces cost one tile in every piece, counted in every
+// row tile where the split-O kernel reads KV of the Q type, in one row tile where its producer
+// converts the cache (a tile costs more there, so longer pieces gain less) and for the
+// keys-as-M kernel.
 inline constexpr int kPairTileStep = 2;
 inline constexpr int kPairPartialsPerTile = 24;
 
@@ -255,7 +257,7 @@ inline PlanShape plan_shape_of(const DecodeArgs& a, const DeviceInfo& dev, const
       (split_o || c.mainloop == arch::Mainloop::keys_as_m)) {
     pieces.tile_step = kPairTileStep;
     pieces.partials_per_tile = kPairPartialsPerTile;
-    pieces.count_row_tiles = split_o;
+    pieces.count_row_tiles = split_o && table_entry_kv(a) == EntryKv::q_type;
   }
   return plan_shape_for(a, c.policy, dev, c.ctas_per_sm, pieces);
 }
