@@ -6,7 +6,6 @@
 // and partial slots fit the workspace bound.
 #include <algorithm>
 #include <catch2/catch.hpp>
-#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <random>
@@ -80,24 +79,24 @@ std::string check_plan(const PlanShape& p, const std::vector<int>& lens, PlanSta
     if (max_units > kShortRequestTiles) least = std::max<long long>(least, kMinPieceTiles);
     const long long cand = std::max(least, ceil_div(max_units, k));
     if (8 * (cand + kOverheadUnits) <= 9 * (per + kOverheadUnits)) {
-      // Rounded up to the tile step; with a weight M > 0, of the step multiples above that
-      // and up to the longest request, those next to sqrt(rows x units / M) (the real-valued
-      // minimum of u x M + rows x units / u) may replace it where their cost is lower.
+      // Rounded up to the tile step; with a weight M > 0, the step multiple u >= t, up to the
+      // longest request (rounded up to the step), that minimises the real u x M + rows x
+      // units / u, the least on a tie: compared exactly as a x M + W / a < b x M + W / b <=>
+      // (a x M - b x M) x a x b < W x (a - b), in 128 bits.
       const long long step = std::max(1, p.tile_step);
       t = ceil_div(cand, step) * step;
       long long units = 0;
       for (int len : lens) units += ceil_div(ceil_div(len, kPlanTokens), unit);
-      if (p.partials_per_tile > 0 && units > 0) {
-        const long long m = p.partials_per_tile;
-        const long long rows = p.count_row_tiles ? p.row_tiles : 1;
-        const auto cost = [&](long long u) { return u * m + rows * ceil_div(units, u); };
-        const double root = std::sqrt(double(rows * units) / double(m));
-        const long long first = t;
-        for (long long u = first + step; u <= max_units; u += step) {
-          const bool next_to_root = u <= root ? root < u + step : u - step <= root;
-          if (next_to_root && cost(u) < cost(t)) t = u;
-          if (u > root) break;
-        }
+      if (p.partials_per_tile > 0) {
+        const __int128 m = p.partials_per_tile;
+        const __int128 w = __int128(p.count_row_tiles ? p.row_tiles : 1) * units;
+        const auto less = [&](__int128 a, __int128 b) {
+          return (a * m - b * m) * a * b < w * (a - b);
+        };
+        long long best = t;
+        for (long long u = t + step; u < max_units + step && u <= t + 4096 * step; u += step)
+          if (less(u, best)) best = u;
+        t = best;
       }
       per = t + kOverheadUnits;
     }
@@ -799,4 +798,37 @@ TEST_CASE("LseMerge: -inf parts are ignored, all -inf gives -inf and zero weight
   CHECK(far.weight(100.0f) == Approx(1.0).epsilon(1e-7));
   CHECK(far.weight(-100.0f) == 0.0f);
   CHECK_FALSE(std::isnan(far.lse()));
+}
+
+TEST_CASE("planner: aligned pieces of tile pairs weighed against their partials", "[planner]") {
+  PlanShape p;
+  p.mode = SplitMode::automatic;
+  p.tile_step = 2;
+  p.partials_per_tile = 24;
+  // No weight: t rounded up to the step only.
+  PlanShape plain = p;
+  plain.partials_per_tile = 0;
+  CHECK(aligned_piece_tiles(plain, 1000, 100, 3) == 4);
+  CHECK(aligned_piece_tiles(plain, 1000, 100, 4) == 4);
+  // 128 tiles on one row tile: 2 x 4 x 24 = 192 >= 128, t stays 2; on two counted row tiles
+  // 192 < 256 and 4 x 6 x 24 >= 256: 4.
+  p.row_tiles = 2;
+  CHECK(aligned_piece_tiles(p, 128, 128, 2) == 2);
+  p.count_row_tiles = true;
+  CHECK(aligned_piece_tiles(p, 128, 128, 2) == 4);
+  // A tie (2 x 24 + 192 / 2 == 4 x 24 + 192 / 4) keeps the shorter piece.
+  p.count_row_tiles = false;
+  CHECK(aligned_piece_tiles(p, 192, 192, 2) == 2);
+  CHECK(aligned_piece_tiles(p, 193, 193, 2) == 4);
+  // Never past the longest request rounded up to the step.
+  CHECK(aligned_piece_tiles(p, 100000, 5, 2) == 6);
+  // The whole plan: batch 1 x 8192 tokens on 2 row tiles of 66 CTAs, 32 pieces of 4 tiles.
+  p.batch = 1;
+  p.count_row_tiles = true;
+  p.num_ctas = plan_num_ctas(p.mode, 1, 1, 2, 132, 1);
+  const int len = 8192;
+  const HostPlan h = plan_on_host(p, &len);
+  REQUIRE(check_plan(p, {len}, nullptr).empty());
+  CHECK(h.requests[0].num_pieces == 32);
+  CHECK(h.per_cta == 4 + kOverheadUnits);
 }

@@ -21,7 +21,6 @@
 // count that lets the longest request have floor(num_ctas / batch) pieces. Equal lengths then
 // get equal pieces: k each (or none), never k + 1 at shifted boundaries, each costing a Q
 // load, a partial and a pipeline fill.
-#include <cmath>
 #include <cstdint>
 
 #include "config.hpp"
@@ -228,45 +227,29 @@ MLAKIT_HOST_DEVICE inline int least_piece_tiles(const PlanShape& p, int max_tile
   return max_tiles <= kShortRequestTiles || m >= kMinPieceTiles ? m : kMinPieceTiles;
 }
 
-// Pieces cost of an aligned plan whose pieces have u tiles (aligned_piece_tiles):
-// u x M + rows x ceil(units / u), the pieces of the line as if its requests were one.
-MLAKIT_HOST_DEVICE inline std::int64_t aligned_plan_cost(std::int64_t m, std::int64_t rows,
-                                                        int units, int u) {
-  return u * m + rows * ((units - 1) / u + 1);  // int division: units <= kMaxLineUnits
-}
-
 // Aligned plan: the tiles of a piece, given the least count t that fits the grid, the line's
 // KV units `units` (the total less every request's overhead) and the longest request's
-// `max_tiles`: t rounded up to p.tile_step; then, with M = p.partials_per_tile > 0, whichever
-// of that and the two multiples of the step around sqrt(rows x units / M) (where the
-// real-valued cost u x M + rows x units / u is least) that lie above it and at most max_tiles
-// has the least aligned_plan_cost, the shortest on a tie. rows: p.row_tiles where
-// p.count_row_tiles, else 1. No loop: the planner is latency bound, and every instruction on
-// its path adds to a small batch's call. IEEE double square root and division give the same
-// candidates on the host and the device.
+// `max_tiles`: t rounded up to p.tile_step; then, with M = p.partials_per_tile > 0, the step
+// multiple u >= t that minimises u x M + rows x units / u (a piece's tiles plus the pieces of
+// the line as if its requests were one; rows: p.row_tiles where p.count_row_tiles, else 1):
+// the least u with u x (u + step) x M >= rows x units, where the next step stops paying,
+// and at most max_tiles rounded up to the step. Multiplications only, and no step where
+// t x (t + step) x M already reaches rows x units (every plan but those of many short
+// pieces): the planner is latency bound and every instruction on its path adds to a small
+// batch's call (a form with double square root and division cost up to 1 us there).
 MLAKIT_HOST_DEVICE inline int aligned_piece_tiles(const PlanShape& p, int units, int max_tiles,
                                                   int t) {
-  const int step = p.tile_step > 1 ? p.tile_step : 1;
+  const int step = p.tile_step < 1 ? 1 : p.tile_step > 64 ? 64 : p.tile_step;
   t = (t + step - 1) / step * step;
-  const std::int64_t m = p.partials_per_tile;
-  if (m <= 0 || units <= 0 || max_tiles <= t) return t;
+  // M <= 1024 and u < 2^18 keep u x (u + step) x M below 2^47; from u = 2^18 on the product
+  // passes rows x units < 2^36 (at most 256 row tiles, units <= kMaxLineUnits) anyway.
+  const std::int64_t m = p.partials_per_tile > 1024 ? 1024 : p.partials_per_tile;
+  if (m <= 0) return t;
   const std::int64_t rows = p.count_row_tiles && p.row_tiles > 1 ? p.row_tiles : 1;
-  // rows x units < 2^36 (at most 256 row tiles in the domain, units <= kMaxLineUnits): the
-  // root is below 2^18
-  const double root = std::sqrt(static_cast<double>(rows * units) / static_cast<double>(m));
-  const int lo = static_cast<int>(root) / step * step;
-  int best_t = t;
-  std::int64_t best = aligned_plan_cost(m, rows, units, t);
-  if (lo > t && lo <= max_tiles) {
-    const std::int64_t c = aligned_plan_cost(m, rows, units, lo);
-    if (c < best) {
-      best = c;
-      best_t = lo;
-    }
-  }
-  const int hi = lo + step;
-  if (hi > t && hi <= max_tiles && aligned_plan_cost(m, rows, units, hi) < best) best_t = hi;
-  return best_t;
+  const std::int64_t need = rows * units;
+  int u = t;
+  while (u < max_tiles && u < (1 << 18) && std::int64_t(u) * (u + step) * m < need) u += step;
+  return u;
 }
 
 // The budget of a plan: units per CTA, and for an aligned automatic plan the most KV tiles of
