@@ -250,3 +250,42 @@ TEST_CASE("choose_kernel: every outcome's plan fits workspace_bytes()", "[kernel
                 }
               }
 }
+
+TEST_CASE("plan_shape_of: pair steps and piece weights for the 64-row Hopper kernels only",
+          "[kernel_choice]") {
+  const Probe yes;
+  Probe no;
+  no.answer = false;
+  // 16 heads x q_len 8 (two 64-row tiles), batch 1: the split-O kernel, with bf16 KV (the Q
+  // type: pieces of every row tile counted) and with e4m3fn KV below kFp8CtasMinRowTiles (its
+  // producer converts: one row tile counted).
+  for (DType kv : {DType::bf16, DType::fp8_e4m3fn}) {
+    const DecodeArgs a = args(kv, 16, 8, 1);
+    const KernelChoice c = choose(a, kH100, yes);
+    INFO("kv " << int(kv));
+    REQUIRE(c.mainloop == Mainloop::warpgroup_split_o);
+    const PlanShape s = detail::plan_shape_of(a, kH100, c);
+    CHECK(s.tile_step == detail::kPairTileStep);
+    CHECK(s.partials_per_tile == detail::kPairPartialsPerTile);
+    CHECK(s.count_row_tiles == (kv == DType::bf16));
+    // The same call without the sm_90a kernels (mma.sync): no weight.
+    const KernelChoice m = choose(a, kH100, no);
+    REQUIRE(m.mainloop == Mainloop::warp_mma);
+    const PlanShape sm = detail::plan_shape_of(a, kH100, m);
+    CHECK(sm.tile_step == 1);
+    CHECK(sm.partials_per_tile == 0);
+  }
+  // e4m3fn KV from kFp8CtasMinRowTiles requests x row tiles up: the 64-row keys-as-M kernel.
+  const DecodeArgs big = args(DType::fp8_e4m3fn, 16, 8, 32);
+  const KernelChoice kt = choose(big, kH100, yes);
+  REQUIRE(kt.mainloop == Mainloop::keys_as_m);
+  const PlanShape skt = detail::plan_shape_of(big, kH100, kt);
+  CHECK(skt.tile_step == detail::kPairTileStep);
+  CHECK(skt.partials_per_tile == detail::kPairPartialsPerTile);
+  CHECK_FALSE(skt.count_row_tiles);
+  // 16-row tiles (16 heads x q_len 1): neither.
+  const DecodeArgs q1 = args(DType::fp8_e4m3fn, 16, 1, 1);
+  const PlanShape s16 = detail::plan_shape_of(q1, kH100, choose(q1, kH100, yes));
+  CHECK(s16.tile_step == 1);
+  CHECK(s16.partials_per_tile == 0);
+}
