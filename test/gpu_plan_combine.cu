@@ -232,9 +232,8 @@ struct CombineCase {
   bool padded = false;  // O and LSE strides with gaps (which must stay poisoned)
   bool lse = true;
   std::uint64_t seed = 1;
-  int warps_per_row = 0;  // combine layout: 0 = the one decode() picks for the plan
-  int col_splits = 0;     //   (both 0), else forced
-  bool deep = false;      //   with 256 or 64 bytes of loads per lane in flight
+  // The combine layout: forced where forced.warps_per_row > 0, else the one decode() picks.
+  detail::CombineLayout forced{0, 0, false};
 };
 
 double decode16(DType t, std::uint16_t h) {
@@ -328,8 +327,7 @@ void check_combine_once(const CombineCase& c) {
   // 1, 2, 4 or 8 warps per row, 1, 2 or 4 column slices and either batch depth, so that every
   // layout of the kernel meets every case.
   detail::CombineLayout layout = detail::combine_layout(shape, rows, c.sms);
-  if (c.warps_per_row > 0)
-    layout = detail::CombineLayout{c.warps_per_row, c.col_splits, c.deep};
+  if (c.forced.warps_per_row > 0) layout = c.forced;
   INFO("warps per row " << layout.warps_per_row << ", column slices " << layout.col_splits
                         << ", deep " << layout.deep);
   const detail::WorkspaceView view = detail::workspace_view(d_ws.ptr, wl, rows_padded);
@@ -447,14 +445,12 @@ TEST_CASE("device planner equals plan_on_host at batch 65535", "[gpu]") {
 // Every case with decode()'s layout and with each forced one (1, 2, 4, 8 warps per row;
 // 1, 2 and 4 column slices; both batch depths).
 void check_combine(CombineCase c) {
-  c.warps_per_row = c.col_splits = 0;
+  c.forced = detail::CombineLayout{0, 0, false};
   check_combine_once(c);
   for (int w = 1; w <= detail::kCombineWarps; w *= 2)
     for (int cs = 1; cs <= detail::kCombineMaxColSplits; cs *= 2)
       for (bool deep : {false, true}) {
-        c.warps_per_row = w;
-        c.col_splits = cs;
-        c.deep = deep;
+        c.forced = detail::CombineLayout{w, cs, deep};
         check_combine_once(c);
       }
 }
