@@ -52,8 +52,8 @@ struct PlannerCase {
     std::ostringstream s;
     s << "batch " << lens.size() << (ids == PageIds::csr ? " csr" : " bt") << " ps " << page_size
       << " mode " << int(mode) << "/" << splits << " row_tiles " << row_tiles << " sms " << sms
-      << " min piece " << min_piece_tiles << " step " << tile_step << " partials per tile " << partials_per_tile
-      << (count_row_tiles ? " of every row tile" : "")
+      << " min piece " << min_piece_tiles << " step " << tile_step << " partials per tile "
+      << partials_per_tile << (count_row_tiles ? " of every row tile" : "")
       << (bound_shift ? " bounded shift" : "");
     return s.str();
   }

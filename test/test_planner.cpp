@@ -314,9 +314,9 @@ TEST_CASE("planner: coverage, balance and capacity on random length mixes", "[pl
     if (!e.empty()) {
       INFO("trial " << trial << " " << mode_name(p.mode) << " batch " << batch << " kind " << kind
                     << " row_tiles " << p.row_tiles << " splits " << p.fixed_splits << " ctas "
-                    << p.num_ctas << " sms " << sms << " step " << p.tile_step << " partials per tile " << p.partials_per_tile
-                    << (p.count_row_tiles ? " of every row tile" : "")
-                    << ": " << e);
+                    << p.num_ctas << " sms " << sms << " step " << p.tile_step
+                    << " partials per tile " << p.partials_per_tile
+                    << (p.count_row_tiles ? " of every row tile" : "") << ": " << e);
       REQUIRE(e.empty());
     }
     ++trials;

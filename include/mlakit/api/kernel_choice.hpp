@@ -241,7 +241,7 @@ inline KernelChoice choose_kernel(const DecodeArgs& a, const DeviceInfo& dev) {
 
 // The 64-row Hopper kernels (split-O, and keys-as-M with split dims) consume KV tiles in
 // pairs, and their pieces cost more than the plan's overhead units say: at batch 1 a line of
-// 128 pieces is slower than one of 64 twice as long. Fitted to the batch 1-8 sweeps of
+// 128 pieces is slower than one of 64 twice as long. Fitted to the fixed-split sweeps of
 // docs/performance.md ("Constants"): 24 pieces cost one tile in every piece, counted in every
 // row tile where the split-O kernel reads KV of the Q type, in one row tile where its producer
 // converts the cache (a tile costs more there, so longer pieces gain less) and for the

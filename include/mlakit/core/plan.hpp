@@ -236,7 +236,7 @@ MLAKIT_HOST_DEVICE inline int least_piece_tiles(const PlanShape& p, int max_tile
 // and at most max_tiles rounded up to the step. Multiplications only, and no step where
 // t x (t + step) x M already reaches rows x units (every plan but those of many short
 // pieces): the planner is latency bound and every instruction on its path adds to a small
-// batch's call (a form with double square root and division cost up to 1 us there).
+// batch's call (docs/performance.md, "Split plan, planner and combine").
 MLAKIT_HOST_DEVICE inline int aligned_piece_tiles(const PlanShape& p, int units, int max_tiles,
                                                   int t) {
   const int step = p.tile_step < 1 ? 1 : p.tile_step > 64 ? 64 : p.tile_step;
