@@ -112,15 +112,12 @@ inline EntryKv table_entry_kv(const DecodeArgs& a) {
 // ---- the plan -----------------------------------------------------------------------------------
 
 // Row tiling and plan shape of a request mix for tile policy `policy` (arch::kPolicies), for a
-// kernel with `ctas_per_sm` CTAs resident per SM; `pieces` sets the aligned plans' tile step
-// and piece weight (PlanShape::tile_step, partials_per_tile, count_row_tiles).
+// kernel with `ctas_per_sm` CTAs resident per SM (the aligned plans' tile step and piece weight
+// are those of no particular kernel: plan_shape_of sets them).
 inline PlanShape plan_shape_for(const DecodeArgs& a, int policy, const DeviceInfo& dev,
-                                int ctas_per_sm, const PlanShape& pieces = PlanShape{}) {
+                                int ctas_per_sm) {
   const arch::TilePolicy& tp = arch::kPolicies[policy];
   PlanShape s;
-  s.tile_step = pieces.tile_step;
-  s.partials_per_tile = pieces.partials_per_tile;
-  s.count_row_tiles = pieces.count_row_tiles;
   s.batch = a.batch;
   s.row_tiles = (a.rows() + tp.rows - 1) / tp.rows;
   s.mode = a.split_mode;
@@ -251,15 +248,15 @@ inline constexpr int kPairPartialsPerTile = 24;
 
 // The plan shape of choice `c` for `a`.
 inline PlanShape plan_shape_of(const DecodeArgs& a, const DeviceInfo& dev, const KernelChoice& c) {
-  PlanShape pieces;
+  PlanShape s = plan_shape_for(a, c.policy, dev, c.ctas_per_sm);
   const bool split_o = c.mainloop == arch::Mainloop::warpgroup_split_o;
   if (arch::kPolicies[c.policy].rows == 64 &&
       (split_o || c.mainloop == arch::Mainloop::keys_as_m)) {
-    pieces.tile_step = kPairTileStep;
-    pieces.partials_per_tile = kPairPartialsPerTile;
-    pieces.count_row_tiles = split_o && table_entry_kv(a) == EntryKv::q_type;
+    s.tile_step = kPairTileStep;
+    s.partials_per_tile = kPairPartialsPerTile;
+    s.count_row_tiles = split_o && table_entry_kv(a) == EntryKv::q_type;
   }
-  return plan_shape_for(a, c.policy, dev, c.ctas_per_sm, pieces);
+  return s;
 }
 
 // The plan shape decode() launches for `a` with policy `policy` through the dispatch table.
