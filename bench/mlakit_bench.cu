@@ -5,7 +5,9 @@
 // counted as docs/design.md ("Work and traffic") says, percent of the measured ceilings, the plan
 // (CTAs, partials) and the time with split-KV off (planner + combine overhead = time - time with
 // splits off), and us_graph: the same calls captured in a CUDA graph, as a serving engine replays
-// them (no host launch cost in it).
+// them (no host launch cost in it), and us_graph_plan_once: the same graph with one plan for
+// all its calls (the first plans, the others run PlanStep::decode_only), as the layers of one
+// model step share a plan.
 // --plans also times split-KV off and fixed splits 2..64 (those whose workspace is at most
 // 1 GiB), each in a CUDA graph as us_graph is, and reports the best plan other than the
 // automatic one: us_best_other, best_splits (1 = none) and auto_over_best (us_graph / that
@@ -261,8 +263,10 @@ void run_shape(benchmark::State& st, Shape s) {
   for (int i = 0; i < 10; ++i) t_none.push_back(time_call(none, i % sets));
   // The whole call as a serving engine replays it: K calls (rotating KV sets) captured in one
   // CUDA graph, median of 10 replays / K (ms per call; 0 when capture or replay failed). No
-  // host launch cost in it, unlike `us`.
-  auto graph_time = [&](const DecodeArgs& args, void* wsp, std::size_t ws_bytes) {
+  // host launch cost in it, unlike `us`. With `plan_once` only the first call plans and the
+  // others decode with its plan (PlanStep::decode_only), as the layers of one model step can.
+  auto graph_time = [&](const DecodeArgs& args, void* wsp, std::size_t ws_bytes,
+                        bool plan_once = false) {
     float per_call = 0;
     const int K = std::min(sets, 64);
     cudaStream_t gs;
@@ -273,6 +277,7 @@ void run_shape(benchmark::State& st, Shape s) {
     for (int k = 0; ok && k < K; ++k) {
       DecodeArgs x = args;
       x.kv_indices = d_idx.as<std::int32_t>() + std::size_t(k) * set_pages;
+      if (plan_once && k > 0) x.plan_step = PlanStep::decode_only;
       ok = bool(decode(x, wsp, ws_bytes, gs));
     }
     ok = (cudaStreamEndCapture(gs, &g) == cudaSuccess) && ok;
@@ -299,6 +304,7 @@ void run_shape(benchmark::State& st, Shape s) {
   };
   const float graph_ms = graph_time(a, ws.ptr, ws.bytes);
   st.counters["us_graph"] = graph_ms * 1e3;
+  st.counters["us_graph_plan_once"] = graph_time(a, ws.ptr, ws.bytes, true) * 1e3;
   const double sec = median(times) * 1e-3;
   const double tokens = double(s.batch) * s.kv_len;
   const double bytes = tokens * row_bytes + q_elems * 2.0 + o_elems * 2.0;

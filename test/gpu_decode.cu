@@ -1,6 +1,7 @@
 // GPU tests of decode(): every axis of the domain against the double-precision reference,
 // on random data with NaN-poisoned outputs, unused pages and page tails.
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -412,6 +413,91 @@ TEST_CASE("deterministic: repeated runs are bitwise equal", "[gpu]") {
   }
 }
 
+namespace {
+
+// A model step: `layers` problems of one shape and one set of lengths (so one plan), each
+// with its own data, scales and page order (seeds seed, seed + 1, ...).
+struct PlanFamily {
+  const char* what;
+  DType kv;
+  int heads, q_len;
+  std::vector<int> lens;
+  SplitMode split;
+  int num_splits;
+  bool planner;  // the decode kernel reads the planner's plan (else it plans for itself)
+};
+
+std::vector<PlanFamily> plan_families() {
+  std::mt19937 rng(0x91a2);
+  std::vector<int> many(34);
+  for (int& l : many) l = rng() % 5 == 0 ? 0 : 1 + int(rng() % 2500);
+  many[3] = 6000;
+  const SplitMode kAuto = SplitMode::automatic;
+  return {
+      {"16 rows, e4m3fn, 3 requests", DType::fp8_e4m3fn, 16, 1, {5000, 300, 0}, kAuto, 0, false},
+      {"16 rows, bf16, 3 requests", DType::bf16, 16, 1, {5000, 300, 0}, kAuto, 0, false},
+      {"16 rows, e4m3fn, 34 requests", DType::fp8_e4m3fn, 16, 1, many, kAuto, 0, true},
+      {"64 rows, bf16", DType::bf16, 16, 8, {6000, 700, 0, 65}, kAuto, 0, true},
+      {"64 rows, e4m3fn, 1 request", DType::fp8_e4m3fn, 16, 8, {6000}, kAuto, 0, true},
+      {"64 rows, e4m3fn, 34 requests", DType::fp8_e4m3fn, 16, 8, many, kAuto, 0, true},
+      {"96 rows, fixed splits", DType::fp8_e4m3fn, 12, 8, {3000, 50}, SplitMode::fixed, 5, true},
+      {"64 rows, split none", DType::bf16, 16, 4, {3000, 50}, SplitMode::none, 0, true},
+  };
+}
+
+// Runs P with plan step `step` (its outputs NaN-poisoned first) and checks it against the
+// reference.
+void check_step(TestProblem& P, DeviceBuffer& ws, PlanStep step) {
+  P.dev.plan_step = step;
+  run_and_check(P, ws);
+  P.dev.plan_step = PlanStep::plan_and_decode;
+}
+
+}  // namespace
+
+TEST_CASE("plan steps: one plan serves every layer of a step", "[gpu]") {
+  // Layer 0 plans (plan_and_decode, or plan_only first), the other layers decode_only with
+  // the plan left in the one workspace; every layer's output must match the reference. A
+  // plan_only call writes no output.
+  MLAKIT_REQUIRE_GPU();
+  constexpr int kLayers = 3;
+  for (const PlanFamily& f : plan_families())
+    for (bool plan_first : {false, true}) {
+      INFO(f.what << (plan_first ? ", plan_only first" : ", layer 0 plans"));
+      std::vector<TestProblem> layers(kLayers);
+      for (int l = 0; l < kLayers; ++l) {
+        Case c;
+        c.kv_type = f.kv;
+        c.heads = f.heads;
+        c.q_len = f.q_len;
+        c.page_size = 64;
+        c.ids = l % 2 ? PageIds::block_table : PageIds::csr;  // the same capacities
+        c.kv_lens = f.lens;
+        c.split = f.split;
+        c.num_splits = f.num_splits;
+        c.seed = 7100 + 10 * l + (plan_first ? 1 : 0);
+        build(layers[l], c);
+        REQUIRE(layers[l].ok);
+      }
+      DeviceBuffer ws(workspace_for(layers[0].dev));
+      if (plan_first) {
+        layers[0].dev.plan_step = PlanStep::plan_only;
+        Outcome o = run_device(layers[0], ws);
+        layers[0].dev.plan_step = PlanStep::plan_and_decode;
+        INFO(o.status.message());
+        REQUIRE(o.status.is_ok());
+        const std::vector<std::uint16_t> nan_out(o.out.size(), 0xFFFF);
+        CHECK(o.out == nan_out);
+        CHECK(std::all_of(o.lse.begin(), o.lse.end(), [](float v) { return std::isnan(v); }));
+      }
+      for (int l = 0; l < kLayers; ++l) {
+        INFO("layer " << l);
+        check_step(layers[l], ws,
+                   l == 0 && !plan_first ? PlanStep::plan_and_decode : PlanStep::decode_only);
+      }
+    }
+}
+
 #if defined(MLAKIT_HAS_CUDA_RUNTIME_API)
 TEST_CASE("graph capture: one captured graph replays while kv_len changes", "[gpu]") {
   MLAKIT_REQUIRE_GPU();
@@ -453,6 +539,47 @@ TEST_CASE("graph capture: one captured graph replays while kv_len changes", "[gp
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST_CASE("plan steps: decode_only launches no planner, plan_only nothing else", "[gpu]") {
+  // The kernels each step enqueues, counted as the nodes of a captured graph: plan_only and
+  // decode_only together are plan_and_decode, and plan_only is the planner or nothing (a
+  // decode kernel that plans for itself).
+  MLAKIT_REQUIRE_GPU();
+  cudaStream_t stream;
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  for (const PlanFamily& f : plan_families()) {
+    INFO(f.what);
+    Case c;
+    c.kv_type = f.kv;
+    c.heads = f.heads;
+    c.q_len = f.q_len;
+    c.page_size = 64;
+    c.kv_lens = f.lens;
+    c.split = f.split;
+    c.num_splits = f.num_splits;
+    TestProblem P;
+    build(P, c);
+    REQUIRE(P.ok);
+    DeviceBuffer ws(workspace_for(P.dev));
+    std::size_t nodes[3] = {0, 0, 0};
+    for (PlanStep step : {PlanStep::plan_and_decode, PlanStep::plan_only, PlanStep::decode_only}) {
+      P.dev.plan_step = step;
+      cudaGraph_t graph;
+      REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) == cudaSuccess);
+      const Status s = decode(P.dev, ws.ptr, ws.bytes, stream);
+      REQUIRE(cudaStreamEndCapture(stream, &graph) == cudaSuccess);
+      INFO(s.message());
+      REQUIRE(s.is_ok());
+      REQUIRE(cudaGraphGetNodes(graph, nullptr, &nodes[int(step)]) == cudaSuccess);
+      cudaGraphDestroy(graph);
+    }
+    INFO("nodes " << nodes[0] << " / " << nodes[1] << " / " << nodes[2]);
+    CHECK(nodes[1] + nodes[2] == nodes[0]);
+    CHECK(nodes[1] == (f.planner ? 1u : 0u));
+    CHECK(nodes[2] >= 1);
+  }
   cudaStreamDestroy(stream);
 }
 #endif

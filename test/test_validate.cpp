@@ -112,6 +112,8 @@ std::vector<BadCase> bad_cases() {
       {"split_mode 3", [](A a) { a.split_mode = SplitMode(3); }, "split_mode", "3"},
       {"lse_format 3", [](A a) { a.lse_format = LseFormat(3); }, "lse_format", "3",
        "natural, natural_empty_is_inf or base2"},
+      {"plan_step 3", [](A a) { a.plan_step = PlanStep(3); }, "plan_step", "3",
+       "plan_and_decode, plan_only or decode_only"},
       {"fixed, num_splits 0",
        [](A a) {
          a.split_mode = SplitMode::fixed;

@@ -210,7 +210,7 @@ Result decode(const at::Tensor& q, const at::Tensor& kv_cache,
               const at::Tensor& out, const std::optional<at::Tensor>& lse,
               const std::optional<at::Tensor>& workspace, double softmax_scale, double kv_scale,
               bool causal, int64_t split_mode, int64_t num_splits, int64_t lse_format,
-              const std::optional<at::Tensor>& kv_rope) {
+              const std::optional<at::Tensor>& kv_rope, int64_t plan_step) {
   mlakit::DecodeArgs a;
   Status s =
       fill_args(a, q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse, kv_rope);
@@ -226,6 +226,8 @@ Result decode(const at::Tensor& q, const at::Tensor& kv_cache,
   a.num_splits = static_cast<int>(num_splits);
   if (lse_format < 0 || lse_format > 255) lse_format = 255;  // the library names it invalid
   a.lse_format = static_cast<mlakit::LseFormat>(lse_format);
+  if (plan_step < 0 || plan_step > 255) plan_step = 255;  // the library names it invalid
+  a.plan_step = static_cast<mlakit::PlanStep>(plan_step);
 
   void* ws = nullptr;
   std::size_t ws_bytes = 0;
@@ -244,6 +246,24 @@ Result decode(const at::Tensor& q, const at::Tensor& kv_cache,
     return from_bridge(code, message);
   } catch (const c10::Error& e) {  // PyTorch could not select the device or its stream
     return to_result(Status(StatusCode::runtime_error, e.what_without_backtrace()));
+  }
+}
+
+// The capture sequence id of the current CUDA stream of device `device_index` (unique per
+// capture in the process), 0 when the stream is not capturing, -1 when the runtime cannot say.
+int64_t capture_id(int64_t device_index) {
+  try {
+    const cudaStream_t stream =
+        c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_index)).stream();
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    unsigned long long id = 0;
+    if (cudaStreamGetCaptureInfo(stream, &status, &id) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return -1;
+    }
+    return status == cudaStreamCaptureStatusActive ? static_cast<int64_t>(id) : 0;
+  } catch (const c10::Error&) {
+    return -1;
   }
 }
 
@@ -383,10 +403,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("kv_indices"), py::arg("kv_len"), py::arg("out"), py::arg("lse"),
         py::arg("workspace"), py::arg("softmax_scale"), py::arg("kv_scale"), py::arg("causal"),
         py::arg("split_mode"), py::arg("num_splits"), py::arg("lse_format"),
-        py::arg("kv_rope") = py::none());
+        py::arg("kv_rope") = py::none(), py::arg("plan_step") = 0);
   m.def("merge_states", &merge_states,
         "mlakit::merge_states() on the current CUDA stream; returns (code, name, message)",
         py::arg("part_o"), py::arg("part_lse"), py::arg("out"), py::arg("out_lse"));
+  m.def("capture_id", &capture_id,
+        "the current CUDA stream's capture sequence id (0: not capturing, -1: unknown)",
+        py::arg("device_index"));
   m.def("workspace_bytes", &workspace_bytes,
         "mlakit::workspace_bytes(); returns (bytes, code, name, message)", py::arg("batch"),
         py::arg("rows"), py::arg("split_mode"), py::arg("num_splits"), py::arg("device_index"));

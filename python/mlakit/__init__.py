@@ -39,7 +39,7 @@ def has_cuda_extension():
 def decode(q, kv_cache, kv_len, *, block_table=None, kv_indptr=None, kv_indices=None,
            softmax_scale, kv_scale=1.0, causal=True, split="auto", num_splits=0,
            return_lse=False, out=None, lse=None, workspace=None, lse_format="natural",
-           kv_rope=None):
+           kv_rope=None, plan_step="plan_and_decode"):
     """MLA decode attention; returns out, or (out, lse) when return_lse or lse is given.
 
     q          [batch, q_len, heads, 576], bf16 or fp16; q_len 1..32, heads 1..128
@@ -58,6 +58,12 @@ def decode(q, kv_cache, kv_len, *, block_table=None, kv_indptr=None, kv_indices=
                [batch, q_len, heads] float32
     lse_format "natural" (ln, -inf for a row with no key), "natural_empty_is_inf" (+inf there,
                FlashMLA's convention) or "base2" (log2, FlashInfer's default)
+    plan_step  "plan_and_decode"; "plan_only" (the split plan into the workspace, no output) or
+               "decode_only" (the plan already in the workspace): the layers of one model step
+               share a plan, so the first plans and the others skip the planner kernel. A
+               decode_only call raises ArgumentError unless the last call that planned into its
+               workspace had the same shape, dtypes, page size, causal, split mode and the same
+               kv_len and page-id tensors, unmodified (docs/integration.md, "One plan per step")
     Strides come from the tensors: views are accepted wherever the library's stride rules allow.
     """
     if out is None:
@@ -69,7 +75,7 @@ def decode(q, kv_cache, kv_len, *, block_table=None, kv_indptr=None, kv_indices=
         lse = torch.empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32, device=q.device)
     torch.ops.mlakit.decode(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
                             softmax_scale, kv_scale, causal, split, num_splits, workspace,
-                            lse_format, kv_rope)
+                            lse_format, kv_rope, plan_step)
     return (out, lse) if lse is not None else out
 
 

@@ -24,6 +24,8 @@ SPLIT_MODES = {"auto": 0, "none": 1, "fixed": 2}
 # mlakit::LseFormat: how the op writes lse (natural log; natural log with +inf for a row without
 # keys, FlashMLA's convention; base 2, FlashInfer's default).
 LSE_FORMATS = {"natural": 0, "natural_empty_is_inf": 1, "base2": 2}
+# mlakit::PlanStep: which steps a decode call enqueues (plan into the workspace, decode, or both).
+PLAN_STEPS = {"plan_and_decode": 0, "plan_only": 1, "decode_only": 2}
 
 
 class Error(RuntimeError):
@@ -101,7 +103,7 @@ def _check_rope_cache(kv_cache, kv_rope, device):
 
 def check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
                       softmax_scale, kv_scale, causal, split, num_splits, workspace,
-                      lse_format="natural", kv_rope=None):
+                      lse_format="natural", kv_rope=None, plan_step="plan_and_decode"):
     """Raises ArgumentError for a call the op does not accept; returns None otherwise."""
     if not isinstance(q, torch.Tensor):
         raise ArgumentError(f"q: a tensor is required, got {type(q).__name__}")
@@ -176,6 +178,8 @@ def check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, o
             raise ArgumentError("workspace: must be contiguous")
     if not isinstance(lse_format, str) or lse_format not in LSE_FORMATS:
         raise _domain("lse_format", repr(lse_format), "'natural', 'natural_empty_is_inf' or 'base2'")
+    if not isinstance(plan_step, str) or plan_step not in PLAN_STEPS:
+        raise _domain("plan_step", repr(plan_step), "'plan_and_decode', 'plan_only' or 'decode_only'")
 
 
 # ---- merge_states ------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ Schema (mutable outputs, nothing returned):
                    Tensor? kv_indices, Tensor kv_len, Tensor(a!) out, Tensor(b!)? lse,
                    float softmax_scale, float kv_scale=1., bool causal=True,
                    str split_mode="auto", int num_splits=0, Tensor(c!)? workspace=None,
-                   str lse_format="natural", Tensor? kv_rope=None) -> ()
+                   str lse_format="natural", Tensor? kv_rope=None,
+                   str plan_step="plan_and_decode") -> ()
 
     mlakit::merge_states(Tensor part_o, Tensor part_lse, Tensor(a!) out,
                          Tensor(b!)? out_lse=None) -> ()
@@ -27,13 +28,14 @@ import math
 import torch
 
 from . import _ext, _workspace
-from ._checks import LSE_FORMATS, SPLIT_MODES, check_decode_args, check_merge_args
+from ._checks import LSE_FORMATS, PLAN_STEPS, SPLIT_MODES, ArgumentError, check_decode_args, check_merge_args
 from .reference import decode_reference, merge_states_reference
 
 _SCHEMA = ("(Tensor q, Tensor kv_cache, Tensor? block_table, Tensor? kv_indptr, Tensor? kv_indices, "
            "Tensor kv_len, Tensor(a6!) out, Tensor(a7!)? lse, float softmax_scale, float kv_scale=1., "
            "bool causal=True, str split_mode=\"auto\", SymInt num_splits=0, "
-           "Tensor(a13!)? workspace=None, str lse_format=\"natural\", Tensor? kv_rope=None) -> ()")
+           "Tensor(a13!)? workspace=None, str lse_format=\"natural\", Tensor? kv_rope=None, "
+           "str plan_step=\"plan_and_decode\") -> ()")
 _MUTATED = ("out", "lse", "workspace")
 
 # Registered piece by piece (define, fake, per-device kernels, Autograd and ADInplaceOrView
@@ -81,10 +83,11 @@ decode_op = _define("decode", _SCHEMA, _MUTATED)
 
 def _decode_not_supported(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
                           softmax_scale, kv_scale=1.0, causal=True, split_mode="auto", num_splits=0,
-                          workspace=None, lse_format="natural", kv_rope=None):
+                          workspace=None, lse_format="natural", kv_rope=None,
+                          plan_step="plan_and_decode"):
     check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
                       softmax_scale, kv_scale, causal, split_mode, num_splits, workspace, lse_format,
-                      kv_rope)
+                      kv_rope, plan_step)
     raise _ext.Error(f"mlakit.decode runs on CUDA (and on CPU through the reference), not on {q.device.type}",
                      "not_supported")
 
@@ -96,19 +99,19 @@ _lib.impl("decode", _decode_not_supported, "CompositeExplicitAutograd")
 @torch.library.register_fake("mlakit::decode", lib=_lib)
 def _decode_fake(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse, softmax_scale,
                  kv_scale=1.0, causal=True, split_mode="auto", num_splits=0, workspace=None,
-                 lse_format="natural", kv_rope=None):
+                 lse_format="natural", kv_rope=None, plan_step="plan_and_decode"):
     check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
                       softmax_scale, kv_scale, causal, split_mode, num_splits, workspace, lse_format,
-                      kv_rope)
+                      kv_rope, plan_step)
 
 
 @torch.library.register_kernel("mlakit::decode", "cuda", lib=_lib)
 def _decode_cuda(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse, softmax_scale,
                  kv_scale=1.0, causal=True, split_mode="auto", num_splits=0, workspace=None,
-                 lse_format="natural", kv_rope=None):
+                 lse_format="natural", kv_rope=None, plan_step="plan_and_decode"):
     check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
                       softmax_scale, kv_scale, causal, split_mode, num_splits, workspace, lse_format,
-                      kv_rope)
+                      kv_rope, plan_step)
     ext = _ext.require()
     split_code = SPLIT_MODES[split_mode]
     batch, q_len, heads = q.shape[0], q.shape[1], q.shape[2]
@@ -116,21 +119,34 @@ def _decode_cuda(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, l
         return
     if workspace is None:
         workspace = _workspace.buffer_for(q.device, batch, heads * q_len, split_code, num_splits)
+    key = _workspace.plan_key(q, kv_cache, block_table, kv_indptr, kv_len, causal, split_code,
+                              num_splits, kv_rope)
+    if plan_step == "decode_only" and _workspace.plan_in(workspace) != key:
+        raise ArgumentError("plan_step = 'decode_only': the workspace holds no plan of this call "
+                            "(batch, heads, q_len, dtypes, page size, causal, split mode, kv_len and "
+                            "page-id tensors and versions): plan first (plan_and_decode or plan_only) "
+                            "into the same workspace, in the same CUDA graph capture or, eagerly, "
+                            "outside any")
     code, name, message = ext.decode(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out,
                                      lse, workspace, float(softmax_scale), float(kv_scale),
                                      bool(causal), split_code, int(num_splits),
-                                     LSE_FORMATS[lse_format], kv_rope)
+                                     LSE_FORMATS[lse_format], kv_rope, PLAN_STEPS[plan_step])
     if code != 0:
+        _workspace.note_plan(workspace, None)
         _ext.raise_status(name, message)
+    if plan_step != "decode_only":
+        _workspace.note_plan(workspace, key)
 
 
 @torch.library.register_kernel("mlakit::decode", "cpu", lib=_lib)
 def _decode_cpu(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse, softmax_scale,
                 kv_scale=1.0, causal=True, split_mode="auto", num_splits=0, workspace=None,
-                lse_format="natural", kv_rope=None):
+                lse_format="natural", kv_rope=None, plan_step="plan_and_decode"):
     check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
                       softmax_scale, kv_scale, causal, split_mode, num_splits, workspace, lse_format,
-                      kv_rope)
+                      kv_rope, plan_step)
+    if plan_step == "plan_only":
+        return
     o, l = decode_reference(q, kv_cache, kv_len, block_table=block_table, kv_indptr=kv_indptr,
                             kv_indices=kv_indices, softmax_scale=softmax_scale, kv_scale=kv_scale,
                             causal=causal, kv_rope=kv_rope)

@@ -10,6 +10,15 @@ graph capture: a call made while capturing finds its buffer already there (alloc
 earlier call or by mlakit.workspace()) or raises. A buffer that had to grow is kept alive
 (not returned to the allocator), since a graph captured earlier may still use it;
 release_workspaces() drops them all.
+
+Each workspace also holds the split plan of the last call that planned into it (the library
+keeps the plan there: mlakit::PlanStep). plan_key() names what a plan depends on, and
+note_plan() / plan_in() record which plan a workspace holds, so that a decode_only call can be
+refused when its workspace holds another call's plan and the adapters can tell when the layers of
+one step may share a plan. The record sees the host side only: a kv_len or kv_indptr tensor
+rewritten by a kernel without a version bump is not noticed, nor is a graph replayed between two
+eager calls that plans into the same workspace. A plan enqueued during a CUDA graph capture
+serves only later calls of that capture.
 """
 import threading
 
@@ -23,6 +32,53 @@ _lock = threading.Lock()
 _buffers = {}  # (device index, rows, split code, splits) -> uint8 tensor
 _retired = []  # grown-out-of buffers that captured graphs may still use
 _sizes = {}  # (device index, batch, rows, split code, splits) -> bytes
+_plans = {}  # (device index, workspace address) -> plan_key() of the plan last written there
+
+
+def _tensor_state(t):
+    return None if t is None else (t.data_ptr(), t._version, tuple(t.shape), tuple(t.stride()))
+
+
+def plan_key(q, kv_cache, block_table, kv_indptr, kv_len, causal, split_code, num_splits, kv_rope):
+    """What the library's split plan of a call depends on: the shape, dtypes, page size, causal,
+    split mode, the device, the kv_len tensor and the page capacity (a block table's width, or
+    the kv_indptr tensor). Tensors enter by address, version and layout, not by value."""
+    return (q.device.index, tuple(q.shape[:3]), q.dtype, kv_cache.dtype, int(kv_cache.shape[1]),
+            bool(causal) or q.shape[1] == 1, split_code, num_splits if split_code == SPLIT_MODES["fixed"] else 0,
+            kv_rope is None, _tensor_state(kv_len),
+            None if block_table is None else int(block_table.shape[1]), _tensor_state(kv_indptr))
+
+
+def _capture_id(device):
+    """The capture id of the device's current stream (0 outside a capture), None if unknown."""
+    cid = _ext.require().capture_id(device.index)
+    return None if cid < 0 else cid
+
+
+def note_plan(workspace, key):
+    """Records that `workspace` holds the plan of `key` (None: no usable plan) for the calls
+    that follow in the same CUDA graph capture, or eagerly where none is under way: a plan
+    enqueued while capturing is written only when that graph replays."""
+    _plans[(workspace.device.index, workspace.data_ptr())] = (
+        None if key is None else (key, _capture_id(workspace.device)))
+    if len(_plans) > 4096:
+        _plans.clear()
+
+
+def plan_in(workspace):
+    """The plan_key() of the plan `workspace` holds for a call made now (same capture, or both
+    outside any capture), or None."""
+    record = _plans.get((workspace.device.index, workspace.data_ptr()))
+    if record is None:
+        return None
+    key, cid = record
+    return key if cid is not None and cid == _capture_id(workspace.device) else None
+
+
+def step_for(workspace, key, may_reuse):
+    """The plan step of an adapter's call: "decode_only" where reuse is allowed (a later layer
+    of the same step) and `workspace` holds the plan of `key`, else "plan_and_decode"."""
+    return "decode_only" if may_reuse and plan_in(workspace) == key else "plan_and_decode"
 
 
 def _class_key(device, rows, split_code, num_splits):
@@ -96,3 +152,4 @@ def release_workspaces():
             torch.cuda.synchronize()
         _buffers.clear()
         _retired.clear()
+        _plans.clear()

@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from . import join_latent_cache, join_q
+from . import _ext, _workspace, join_latent_cache, join_q
 from ._checks import HEAD_DIM_QK, HEAD_DIM_V, KV_DTYPES, ArgumentError
 
 __all__ = ["BatchMLAPagedAttentionWrapper"]
@@ -104,6 +104,7 @@ class BatchMLAPagedAttentionWrapper:
             kv_indptr=self._device_tensor("kv_indptr", kv_indptr, device, batch + 1),
             kv_indices=self._device_tensor("kv_indices", kv_indices, device, kv_indices.shape[0]),
             kv_len=self._device_tensor("kv_len", kv_len_arr, device, batch),
+            ran=False,  # a run() since this plan(): later runs may reuse mlakit's plan
         )
 
     def run(self, q_nope, q_pe, ckv_cache, kpe_cache, out=None, lse=None, return_lse=False,
@@ -153,12 +154,22 @@ class BatchMLAPagedAttentionWrapper:
             # No page to read: CSR ids without a kv_indices array (null), which the library
             # accepts with an empty (null) cache.
             kv_indices = kv_indices.new_empty((0,))
-        decode(q.view(batch, q_len, heads, HEAD_DIM_QK), kv, p["kv_len"] if kv_len is None else kv_len,
-               kv_indptr=p["kv_indptr"], kv_indices=kv_indices, softmax_scale=p["sm_scale"],
+        q4 = q.view(batch, q_len, heads, HEAD_DIM_QK)
+        lens = p["kv_len"] if kv_len is None else kv_len
+        # The first run() after plan() plans; later runs (the other layers) reuse mlakit's plan
+        # where the workspace holds it for the same shape, lengths and kv_indptr.
+        workspace, step = None, "plan_and_decode"
+        if q4.is_cuda and _ext._C is not None:
+            workspace = _workspace.buffer_for(q4.device, batch, q_len * heads, 0, 0)
+            key = _workspace.plan_key(q4, kv, None, p["kv_indptr"], lens, p["causal"] or q_len == 1, 0, 0,
+                                      kv_rope)
+            step = _workspace.step_for(workspace, key, p["ran"])
+        p["ran"] = True
+        decode(q4, kv, lens, kv_indptr=p["kv_indptr"], kv_indices=kv_indices, softmax_scale=p["sm_scale"],
                kv_scale=kv_scale, causal=p["causal"], out=out.view(batch, q_len, heads, HEAD_DIM_V),
                lse=None if lse is None else lse.view(batch, q_len, heads),
                lse_format="natural" if return_lse_base_on_e else "base2",  # FlashInfer: log2
-               kv_rope=kv_rope)
+               kv_rope=kv_rope, workspace=workspace, plan_step=step)
         return (out, lse) if return_lse else out
 
     def _scales(self, ckv_cache, ckv_scale, ckv_scale_arr, kpe_scale):

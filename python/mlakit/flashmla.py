@@ -8,9 +8,12 @@ block_table [b, max_blocks] int32, cache_seqlens [b] int32, head_dim_v 512; retu
 out [b, s_q, h_q, 512] and softmax_lse [b, h_q, s_q] float32 (+inf for a row that sees no key,
 as FlashMLA reports it). Both metadata styles are accepted: the older
 get_mla_metadata(cache_seqlens, s_q * h_q // h_k, h_k) -> (metadata, num_splits) and the newer
-argument-free get_mla_metadata() -> (metadata, None). mlakit plans splits on the device, so the
-metadata only carries the workspace: when given the older arguments outside a CUDA graph
-capture, get_mla_metadata sizes it, which makes a following capture safe.
+argument-free get_mla_metadata() -> (metadata, None). mlakit plans splits on the device: the
+metadata carries the workspace (when given the older arguments outside a CUDA graph capture,
+get_mla_metadata sizes it, which makes a following capture safe) and, as FlashMLA's schedule
+does, one plan for every call made with it: the first call plans, later ones (the other layers
+of the step) decode with that plan while the workspace holds it for the same shape and the same
+cache_seqlens tensor, unmodified.
 
 The call launches exactly the kernels torch.ops.mlakit.decode launches for it: out and
 softmax_lse are written in place through strides (no copy, transpose or extra allocation), the
@@ -126,14 +129,26 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     scale = _scale_value("descale_k", descale_k) if kv_scale is None else float(kv_scale)
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
-    if isinstance(tile_scheduler_metadata, FlashMLASchedMeta):
-        tile_scheduler_metadata.have_initialized = True
     b, s_q, h_q = q.shape[0], q.shape[1], q.shape[2]
+    # The first call with a metadata object plans; later calls with it (the other layers of the
+    # step, as FlashMLA computes its schedule once per metadata) reuse that plan where the
+    # workspace still holds it for the same shape and the same cache_seqlens.
+    meta = tile_scheduler_metadata if isinstance(tile_scheduler_metadata, FlashMLASchedMeta) else None
+    workspace, step = None, "plan_and_decode"
+    if meta is not None and q.is_cuda and b > 0 and _ext._C is not None:
+        workspace = meta.workspace
+        if workspace is None:
+            workspace = _workspace.buffer_for(q.device, b, s_q * h_q, 0, 0)
+        key = _workspace.plan_key(q, k_cache, block_table, None, cache_seqlens, bool(causal), 0, 0, None)
+        step = _workspace.step_for(workspace, key, meta.have_initialized)
+    if meta is not None:
+        meta.have_initialized = True
     # FlashMLA's [b, h_q, s_q], written by the kernels through the [b, s_q, h_q] view.
     softmax_lse = torch.empty((b, h_q, s_q), dtype=torch.float32, device=q.device)
     from . import decode
     out, _ = decode(q, k_cache, cache_seqlens, block_table=block_table, softmax_scale=softmax_scale,
                     kv_scale=1.0 if scale is None else scale, causal=bool(causal), out=out,
                     lse=softmax_lse.transpose(1, 2),
-                    lse_format="natural_empty_is_inf" if empty_lse == math.inf else "natural")
+                    lse_format="natural_empty_is_inf" if empty_lse == math.inf else "natural",
+                    workspace=workspace, plan_step=step)
     return out, softmax_lse

@@ -31,13 +31,13 @@ def test_schema():
     names = [a.name for a in schema.arguments]
     assert names == ["q", "kv_cache", "block_table", "kv_indptr", "kv_indices", "kv_len", "out", "lse",
                      "softmax_scale", "kv_scale", "causal", "split_mode", "num_splits", "workspace",
-                     "lse_format", "kv_rope"]
+                     "lse_format", "kv_rope", "plan_step"]
     written = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
     assert written == ["out", "lse", "workspace"]
     assert len(schema.returns) == 0
     defaults = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
     assert defaults == {"kv_scale": 1.0, "causal": True, "split_mode": "auto", "num_splits": 0, "workspace": None,
-                        "lse_format": "natural", "kv_rope": None}
+                        "lse_format": "natural", "kv_rope": None, "plan_step": "plan_and_decode"}
 
 
 # ---- fake implementation -----------------------------------------------------------------------
@@ -209,6 +209,19 @@ def test_cpu_op_is_the_reference():
     torch.testing.assert_close(lse_b2, lse / math.log(2.0))
 
 
+def test_cpu_op_plan_steps():
+    """On the CPU (the reference, which has no plan) plan_only writes nothing and decode_only
+    decodes."""
+    case = make_case(batch=2, q_len=2, heads=4, kv_lens=(3, 90), page_size=16)
+    out_ref, lse_ref = call_op(case, "table")
+    out, lse = call_op(case, "table", plan_step="decode_only")
+    assert torch.equal(out, out_ref) and torch.equal(lse, lse_ref)
+    out, lse = torch.full_like(out_ref, math.nan), torch.full_like(lse_ref, math.nan)
+    torch.ops.mlakit.decode(case["q"], case["kv_cache"], case["block_table"], None, None, case["kv_len"], out,
+                            lse, SCALE, plan_step="plan_only")
+    assert torch.all(torch.isnan(out)) and torch.all(torch.isnan(lse))
+
+
 # ---- argument errors ---------------------------------------------------------------------------
 
 def base_args():
@@ -264,6 +277,7 @@ BAD = [
     ("nan kv_scale", _set(kv_scale=math.nan), r"kv_scale = nan: not in the supported domain"),
     ("split mode", _set(split_mode="half"), r"split_mode = 'half': not in the supported domain"),
     ("lse format", _set(lse_format="log10"), r"lse_format = 'log10': not in the supported domain"),
+    ("plan step", _set(plan_step="reuse"), r"plan_step = 'reuse': not in the supported domain"),
     ("65 splits", _set(split_mode="fixed", num_splits=65), r"num_splits = 65: not in the supported domain \(allowed 1..64\)"),
     ("0 splits", _set(split_mode="fixed", num_splits=0), r"num_splits = 0: not in the supported domain"),
     ("meta kv_len", _set(kv_len=lambda a: a["kv_len"].to("meta")), r"kv_len is on meta, q on cpu"),

@@ -258,7 +258,8 @@ inline Status launch_planner(const DecodeArgs& a, const PlanShape& shape, const 
 }
 
 // Launches planner, decode kernel and combine for one instantiation: chooses the kernel
-// (choose_kernel), plans, checks the workspace and the shared memory, launches.
+// (choose_kernel), plans, checks the workspace and the shared memory, launches (the steps
+// a.plan_step names).
 template <class Problem, int PolicyIndex>
 inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* workspace,
                               std::size_t workspace_size, Stream stream) {
@@ -312,7 +313,10 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   // Everything that can fail without a GPU fault has been checked above: from here on only a
   // launch the runtime rejects returns early (inside a stream capture the caller then ends
   // and discards the capture).
-  if (!c.self_plan && !(s = launch_planner(a, shape, k.ws, stream))) return s;
+  if (!c.self_plan && a.plan_step != PlanStep::decode_only &&
+      !(s = launch_planner(a, shape, k.ws, stream)))
+    return s;
+  if (a.plan_step == PlanStep::plan_only) return Status::ok();
   const dim3 grid(shape.row_tiles, shape.num_ctas);
   s = own_kernel ? launch_kernel("decode_kernel", mma_kernel, grid, dim3(Tr::kThreads),
                                  c.smem_bytes, stream, k)

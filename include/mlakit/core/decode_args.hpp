@@ -43,6 +43,22 @@ enum class LseFormat : std::uint8_t {
   base2 = 2,                 // log2; -inf for a row that sees no key (FlashInfer's default)
 };
 
+// Which steps of a call decode() enqueues. The split plan depends on batch, num_heads, q_len,
+// causal, the dtypes, page_size, split_mode, num_splits, the device, kv_len and each request's
+// page capacity (its block-table row length or CSR segment), and on nothing else: not on the
+// data or the page ids themselves, so every layer of a model step can share one plan. The plan
+// is kept in the workspace: decode_only reads the plan an earlier plan_only or plan_and_decode
+// call left in the same workspace, and is correct only while every input of that plan is
+// unchanged and no call of another shape has used the workspace since (nothing checks it: a
+// plan of another batch reads requests that do not exist). The decode kernels that plan for
+// themselves (docs/design.md, "Planner") do so whatever the step; plan_only launches nothing
+// for them.
+enum class PlanStep : std::uint8_t {
+  plan_and_decode = 0,  // plan into the workspace, then decode (the default)
+  plan_only = 1,        // plan into the workspace; no output is written
+  decode_only = 2,      // decode with the plan already in the workspace
+};
+
 // How KV pages of each request are found.
 enum class PageIds : std::uint8_t {
   block_table = 0,  // block_table[b * block_table_stride + i] = page of tokens [i*P, (i+1)*P)
@@ -113,6 +129,7 @@ struct DecodeArgs {
   SplitMode split_mode = SplitMode::automatic;
   int num_splits = 0;          // SplitMode::fixed only: 1..64
   bool deterministic = false;  // results are bitwise reproducible in every mode; see README
+  PlanStep plan_step = PlanStep::plan_and_decode;  // see PlanStep
 
   // --- optional separate rotary cache: [num_pages, page_size, 64] ---------------------------
   // Row (page, slot) holds, in kv_type, the 64 rotary values of the token whose latent values

@@ -262,6 +262,10 @@ inline Status validate(const DecodeArgs& a) {
       a.lse_format != LseFormat::base2)
     return bad_arg("lse_format", std::to_string(int(a.lse_format)),
                    "natural, natural_empty_is_inf or base2");
+  if (a.plan_step != PlanStep::plan_and_decode && a.plan_step != PlanStep::plan_only &&
+      a.plan_step != PlanStep::decode_only)
+    return bad_arg("plan_step", std::to_string(int(a.plan_step)),
+                   "plan_and_decode, plan_only or decode_only");
   if (!(s = validate_pointers(a)) || !(s = validate_strides(a)) || !(s = validate_page_ids(a)))
     return s;
   return Status::ok();
