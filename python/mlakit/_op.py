@@ -16,6 +16,9 @@ Schema (mutable outputs, nothing returned):
 
 lse_format says how decode writes lse: "natural" (ln, -inf for a row without keys), "natural_empty_is_inf"
 (FlashMLA's +inf there) or "base2" (FlashInfer's log2); the kernels write it so, with no extra pass.
+plan_step says which steps run: "plan_and_decode", "plan_only" (the split plan into the workspace)
+or "decode_only" (the plan a call of the same shape and lengths left there; checked on the host
+against mlakit._workspace's record, docs/integration.md "One plan per step").
 kv_rope, when given, is a separate cache of the 64 rotary values per row ([pages, page_size, 64],
 kv_cache then [pages, page_size, 512]), read in place as FlashInfer keeps its ckv and kpe caches.
 The ops write `out` (and `lse` / `out_lse` when given) in place, so engines keep their own
