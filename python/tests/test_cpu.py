@@ -222,6 +222,39 @@ def test_cpu_op_plan_steps():
     assert torch.all(torch.isnan(out)) and torch.all(torch.isnan(lse))
 
 
+def test_plan_record_follows_shape_lengths_and_capture(monkeypatch):
+    """The host-side record of which plan a workspace holds (what decode_only and the adapters
+    rely on): a call may reuse it only with the same shape, split mode and kv_len tensor at the
+    same version, in the same capture (or both outside one)."""
+    from mlakit import _workspace
+    monkeypatch.setattr(_workspace, "_capture_id", lambda device: 0)
+    case = make_case(batch=2, q_len=2, heads=4, kv_lens=(3, 90), page_size=16)
+    ws = torch.empty(64, dtype=torch.uint8)
+
+    def key(split=0, kv_len=None, q=None, table=None):
+        return _workspace.plan_key(case["q"] if q is None else q, case["kv_cache"],
+                                   case["block_table"] if table is None else table, None,
+                                   case["kv_len"] if kv_len is None else kv_len, True, split, 0, None)
+    k = key()
+    assert _workspace.step_for(ws, k, True) == "plan_and_decode"  # nothing recorded yet
+    _workspace.note_plan(ws, k)
+    assert _workspace.step_for(ws, key(), True) == "decode_only"
+    assert _workspace.step_for(ws, k, False) == "plan_and_decode"  # the caller's first layer
+    assert _workspace.step_for(ws, key(q=case["q"].clone()), True) == "decode_only"  # other Q data
+    assert _workspace.step_for(ws, key(split=1), True) == "plan_and_decode"
+    assert _workspace.step_for(ws, key(q=case["q"][:1]), True) == "plan_and_decode"  # another batch
+    assert _workspace.step_for(ws, key(kv_len=case["kv_len"].clone()), True) == "plan_and_decode"
+    wider = torch.zeros(2, case["block_table"].shape[1] + 1, dtype=torch.int32)
+    assert _workspace.step_for(ws, key(table=wider), True) == "plan_and_decode"  # other capacities
+    monkeypatch.setattr(_workspace, "_capture_id", lambda device: 7)  # inside a capture
+    assert _workspace.plan_in(ws) is None
+    monkeypatch.setattr(_workspace, "_capture_id", lambda device: 0)
+    case["kv_len"].add_(0)  # rewritten in place: a new version
+    assert _workspace.step_for(ws, key(), True) == "plan_and_decode"
+    _workspace.note_plan(ws, None)
+    assert _workspace.plan_in(ws) is None
+
+
 # ---- argument errors ---------------------------------------------------------------------------
 
 def base_args():
