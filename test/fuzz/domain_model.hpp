@@ -115,6 +115,8 @@ inline Violations domain_violations(const mlakit::DecodeArgs& a) {
   if (!finite_positive(a.kv_scale)) v.add("kv_scale");
   const int ids = static_cast<int>(a.page_ids);
   if (ids > 1) v.add("page_ids");
+  if (static_cast<int>(a.lse_format) > 2) v.add("lse_format");  // natural, +inf empty, base 2
+  if (static_cast<int>(a.plan_step) > 2) v.add("plan_step");    // both, plan only, decode only
 
   const bool req = a.batch > 0;
   pointer_rule("q", a.q, 16, req, v);
@@ -244,6 +246,8 @@ inline std::string printed_value(const mlakit::DecodeArgs& a, const mlakit::Devi
   if (name == "kv_type") return to_string(static_cast<int>(a.kv_type));
   if (name == "page_ids") return to_string(static_cast<int>(a.page_ids));
   if (name == "split_mode") return to_string(static_cast<int>(a.split_mode));
+  if (name == "lse_format") return to_string(static_cast<int>(a.lse_format));
+  if (name == "plan_step") return to_string(static_cast<int>(a.plan_step));
   if (name == "batch") return to_string(a.batch);
   if (name == "num_heads") return to_string(a.num_heads);
   if (name == "q_len") return to_string(a.q_len);

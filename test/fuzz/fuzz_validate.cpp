@@ -154,6 +154,8 @@ enum Field : std::uint8_t {
   kWorkspace,
   kWorkspaceSize,
   kSetPackedStrides,
+  kLseFormat,
+  kPlanStep,
   kNumFields
 };
 
@@ -289,6 +291,12 @@ void apply_edit(Input& in, DecodeArgs& a, DeviceInfo& dev, void*& ws, std::size_
       break;
     case kSetPackedStrides:
       mlakit::set_packed_strides(a);
+      break;
+    case kLseFormat:
+      a.lse_format = enum_of<mlakit::LseFormat>(next_int(in, int(a.lse_format)));
+      break;
+    case kPlanStep:
+      a.plan_step = enum_of<mlakit::PlanStep>(next_int(in, int(a.plan_step)));
       break;
     case kNumFields:
       break;
