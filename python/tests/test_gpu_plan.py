@@ -42,6 +42,19 @@ def kernels(fn):
     return kinds["kernel"]
 
 
+def replay_step(step, kernels_expected):
+    """Captures step() (every layer's call of one model step, returning (out, lse) per layer)
+    in a CUDA graph, checks its kernel count, replays it with NaN-poisoned outputs and returns
+    the outputs."""
+    g, results, kinds, _ = capture(step)
+    assert kinds["kernel"] == kernels_expected
+    for o, l in results:
+        o.fill_(math.nan)
+        l.fill_(math.nan)
+    g.replay()
+    return results
+
+
 SHAPES = [(1, (8192,)), (8, (6000, 0, 65, 3000)), (1, (5000, 300, 0)), (4, (4096,) * 20)]
 
 
@@ -121,12 +134,7 @@ def test_flashmla_adapter_one_plan_per_metadata(q_len, lens, kv_dtype):
         return [flashmla.flash_mla_with_kvcache(c["q"], c["kv_cache"].unsqueeze(2), c["block_table"], c["kv_len"],
                                                 512, meta, splits, softmax_scale=SCALE, causal=True,
                                                 kv_scale=kv_scale) for c in cases]
-    g, results, kinds, _ = capture(step)
-    assert kinds["kernel"] == LAYERS * full - (LAYERS - 1) * plan
-    for o, l in results:
-        o.fill_(math.nan)
-        l.fill_(math.nan)
-    g.replay()
+    results = replay_step(step, LAYERS * full - (LAYERS - 1) * plan)
     for case, (o, l) in zip(cases, results):
         lse_bsh = l.transpose(1, 2).clone()
         lse_bsh[torch.isinf(lse_bsh)] = -math.inf
@@ -171,12 +179,7 @@ def test_flashinfer_adapter_one_plan_per_plan_call(kv_dtype):
             res.append(w.run(q[..., :512], q[..., 512:], kv[..., :512], kv[..., 512:], return_lse=True,
                              return_lse_base_on_e=True, **scales))
         return res
-    g, results, kinds, _ = capture(step)
-    assert kinds["kernel"] == LAYERS * full - (LAYERS - 1) * plan
-    for o, l in results:
-        o.fill_(math.nan)
-        l.fill_(math.nan)
-    g.replay()
+    results = replay_step(step, LAYERS * full - (LAYERS - 1) * plan)
     for case, (o, l) in zip(cases, results):
         c = dict(case, kv_indptr=c0["kv_indptr"], kv_indices=c0["kv_indices"])
         check(c, o.view(batch, q_len, 16, 512), l.view(batch, q_len, 16), "csr", kv_scale=0.5 if fp8 else 1.0)
