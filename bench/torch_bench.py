@@ -8,11 +8,14 @@ installed (FlashMLA, FlashInfer), and against mlakit's own adapters for their in
     python bench/torch_bench.py --batch 1 --peers mlakit adapters --rounds 2   # adapter overhead
     python bench/torch_bench.py --json results.json
 
-Rows: `mlakit` is torch.ops.mlakit.decode with preallocated out and lse; `mla-flashmla` is
+Rows: `mlakit` is torch.ops.mlakit.decode with preallocated out and lse, planning in every call;
+`mlakit-plan-once` the same with one plan per graph (the first call plans, the others run
+plan_step="decode_only", as the layers of a model step share a plan); `mla-flashmla` is
 mlakit.flashmla.flash_mla_with_kvcache as an engine calls it (FlashMLA's +inf LSE for an empty
-row: one in-place pass over the LSE), `mla-flashmla-ninf` the same with empty_lse=-inf (the op's
-kernels only); `mla-flashinfer` is mlakit.flashinfer's run() with q_nope / q_pe and the cache
-parts as views of one tensor, out and a natural-log lse preallocated (the op's kernels only).
+row, written by the kernels; one plan per metadata object, so within a graph the first call
+plans and the others reuse it), `mla-flashmla-ninf` the same with empty_lse=-inf;
+`mla-flashinfer` is mlakit.flashinfer's run() with q_nope / q_pe and the cache parts as views of
+one tensor, out and a natural-log lse preallocated (one plan per plan() call likewise).
 `mlakit-csr` is the op with CSR page ids, the baseline of `mla-flashinfer` (the FlashInfer
 interface passes CSR ids). `--peers adapters` names these four rows. Each repetition times every
 row in turn (a drift of the clocks moves them alike); with --rounds N the whole sweep runs N
@@ -64,6 +67,25 @@ def setup_mlakit(t, kv_scale):
     def call():
         mlakit.decode(t["q"], t["kv"], t["lens"], block_table=t["table"], softmax_scale=t["scale"],
                       kv_scale=kv_scale, out=out, lse=lse)
+        return out
+    return call
+
+
+def setup_mlakit_plan_once(t, kv_scale):
+    """The op as the layers of one model step call it: the first call of a graph (or of a run
+    of eager calls) plans, the others decode with its plan (plan_step="decode_only"), as
+    FlashMLA's calls share the schedule get_mla_metadata made once."""
+    from mlakit import _workspace
+    q = t["q"]
+    out = torch.empty(q.shape[:3] + (512,), dtype=q.dtype, device="cuda")
+    lse = torch.empty(q.shape[:3], device="cuda")
+    ws = mlakit.workspace(batch=q.shape[0], num_heads=q.shape[2], q_len=q.shape[1])
+    key = _workspace.plan_key(q, t["kv"], t["table"], None, t["lens"], True, 0, 0, None)
+
+    def call():
+        mlakit.decode(q, t["kv"], t["lens"], block_table=t["table"], softmax_scale=t["scale"],
+                      kv_scale=kv_scale, out=out, lse=lse, workspace=ws,
+                      plan_step=_workspace.step_for(ws, key, True))
         return out
     return call
 
@@ -155,7 +177,7 @@ def setup_adapter_flashinfer(t, kv_scale):
     return call
 
 
-PEERS = {"mlakit": setup_mlakit, "mlakit-csr": setup_mlakit_csr, "mla-flashmla": setup_adapter_flashmla,
+PEERS = {"mlakit": setup_mlakit, "mlakit-plan-once": setup_mlakit_plan_once, "mlakit-csr": setup_mlakit_csr, "mla-flashmla": setup_adapter_flashmla,
          "mla-flashmla-ninf": setup_adapter_flashmla_ninf, "mla-flashinfer": setup_adapter_flashinfer,
          "flashmla": setup_flashmla, "flashinfer": setup_flashinfer}
 ADAPTERS = ["mla-flashmla", "mla-flashmla-ninf", "mlakit-csr", "mla-flashinfer"]
