@@ -486,13 +486,17 @@ TEST_CASE("plan steps: one plan serves every layer of a step", "[gpu]") {
         c.heads = f.heads;
         c.q_len = f.q_len;
         c.page_size = 64;
-        c.ids = l % 2 ? PageIds::block_table : PageIds::csr;  // the same capacities
+        c.ids = plan_first ? PageIds::block_table : PageIds::csr;
         c.kv_lens = f.lens;
         c.split = f.split;
         c.num_splits = f.num_splits;
         c.seed = 7100 + 10 * l + (plan_first ? 1 : 0);
         build(layers[l], c);
         REQUIRE(layers[l].ok);
+        // A model's layers share the step's lengths and CSR offsets (equal values here); each
+        // has its own cache, page order (kv_indices or block table) and Q.
+        layers[l].dev.kv_len = layers[0].dev.kv_len;
+        layers[l].dev.kv_indptr = layers[0].dev.kv_indptr;
       }
       DeviceBuffer ws(workspace_for(layers[0].dev));
       if (plan_first) {
@@ -510,6 +514,38 @@ TEST_CASE("plan steps: one plan serves every layer of a step", "[gpu]") {
         check_step(layers[l], ws,
                    l == 0 && !plan_first ? PlanStep::plan_and_decode : PlanStep::decode_only);
       }
+
+      // A plan of another batch enqueued into a workspace: a decode_only call of this shape
+      // there is refused before any launch (a Status naming plan_step) where its kernel reads
+      // the planner's plan, and runs where the kernel plans for itself.
+      Case c2 = layers[1].c;
+      c2.kv_lens.push_back(300);
+      TestProblem other;
+      build(other, c2);
+      REQUIRE(other.ok);
+      DeviceBuffer ws2(std::max(workspace_for(layers[1].dev), workspace_for(other.dev)));
+      other.dev.plan_step = PlanStep::plan_only;
+      REQUIRE(decode(other.dev, ws2.ptr, ws2.bytes, nullptr).is_ok());
+      REQUIRE(gpu_sync());
+      DeviceInfo dev;
+      REQUIRE(cached_device_info(&dev));
+      const bool reads_plan =
+          !detail::choose_kernel(layers[1].dev, dev, detail::policy_index(layers[1].dev, dev))
+               .self_plan;
+      layers[1].dev.plan_step = PlanStep::decode_only;
+      const Status refused = decode(layers[1].dev, ws2.ptr, ws2.bytes, nullptr);
+      layers[1].dev.plan_step = PlanStep::plan_and_decode;
+      INFO(refused.message());
+      if (reads_plan) {
+        CHECK(refused.code() == StatusCode::invalid_argument);
+        CHECK(refused.message().find("plan_step = decode_only") != std::string::npos);
+      } else {
+        CHECK(refused.is_ok());
+        CHECK(gpu_sync());
+      }
+      // After a plan of its own shape in that workspace, the same call runs.
+      check_step(layers[1], ws2, PlanStep::plan_and_decode);
+      check_step(layers[1], ws2, PlanStep::decode_only);
     }
 }
 

@@ -4,7 +4,9 @@
 //   workspace_bytes() checks the shape it depends on and says why it returns 0;
 //   CSR page ids without any page may leave kv_indices null;
 //   kv_len beyond a request's page capacity is clamped (page_capacity(), clamp_kv_len());
-//   rejection messages print floats with %g and strides in plain words.
+//   rejection messages print floats with %g and strides in plain words;
+//   the host's record of the plan a workspace holds (what PlanStep::decode_only is checked
+//   against) follows the plan's inputs and forgets nothing it should not.
 // The reference (host memory) stands in for the kernels: both read pages and lengths through
 // the same core/ functions (block_table_row_stride, page_capacity, clamp_kv_len).
 #include <catch2/catch.hpp>
@@ -17,6 +19,7 @@
 
 #include "mlakit/api/decode.hpp"
 #include "mlakit/api/dispatch.hpp"
+#include "mlakit/api/plan_record.hpp"
 #include "mlakit/core/decode_args.hpp"
 #include "mlakit/core/numeric.hpp"
 #include "mlakit/core/plan.hpp"
@@ -332,4 +335,67 @@ TEST_CASE("messages print floats with %g and strides in plain words", "[api]") {
         "q_stride_head = 580: not in the supported domain (at least 576 elements, a multiple of 8, "
         "at most " +
             std::to_string(((std::int64_t(1) << 61) - 576) / 15) + ")");
+}
+
+TEST_CASE("plan record: decode_only is allowed only where the workspace holds the call's plan",
+          "[api]") {
+  using detail::plan_record_of;
+  using detail::PlanRegistry;
+  DecodeArgs a;
+  a.batch = 3;
+  a.num_heads = 16;
+  a.q_len = 8;
+  a.page_size = 64;
+  a.max_pages_per_request = 40;
+  std::int32_t lens[3] = {}, lens2[3] = {}, table[120] = {}, table2[120] = {}, indptr[4] = {};
+  a.kv_len = lens;
+  a.block_table = table;
+  const PlanShape shape = detail::plan_shape_for(a, 2, kDev, 1);
+  PlanRegistry& r = PlanRegistry::instance();
+  int ws_a = 0, ws_b = 0;  // two workspace addresses
+  const auto rec = plan_record_of(a, shape, 2, 1);
+  r.forget(&ws_a);
+  r.forget(&ws_b);
+  CHECK_FALSE(r.holds(&ws_a, rec));
+  r.note(&ws_a, rec);
+  CHECK(r.holds(&ws_a, rec));
+  CHECK_FALSE(r.holds(&ws_b, rec));
+  // The block table's address and entries do not enter a plan; its width does.
+  DecodeArgs b = a;
+  b.block_table = table2;
+  CHECK(r.holds(&ws_a, plan_record_of(b, shape, 2, 1)));
+  b.max_pages_per_request = 41;
+  CHECK_FALSE(r.holds(&ws_a, plan_record_of(b, shape, 2, 1)));
+  // Another kv_len array, page size, kernel or plan shape: another plan.
+  b = a;
+  b.kv_len = lens2;
+  CHECK_FALSE(r.holds(&ws_a, plan_record_of(b, shape, 2, 1)));
+  b = a;
+  b.page_size = 32;
+  CHECK_FALSE(r.holds(&ws_a, plan_record_of(b, shape, 2, 1)));
+  CHECK_FALSE(r.holds(&ws_a, plan_record_of(a, shape, 2, 2)));
+  CHECK_FALSE(r.holds(&ws_a, plan_record_of(a, shape, 1, 1)));
+  PlanShape other = shape;
+  other.batch = 4;
+  CHECK_FALSE(r.holds(&ws_a, plan_record_of(a, other, 2, 1)));
+  other = shape;
+  other.tile_step = shape.tile_step + 1;
+  CHECK_FALSE(r.holds(&ws_a, plan_record_of(a, other, 2, 1)));
+  // CSR: the offsets array enters by address, max_pages_per_request (not read) does not.
+  DecodeArgs c = a;
+  c.page_ids = PageIds::csr;
+  c.kv_indptr = indptr;
+  r.note(&ws_b, plan_record_of(c, shape, 2, 1));
+  DecodeArgs d = c;
+  d.max_pages_per_request = 7;
+  CHECK(r.holds(&ws_b, plan_record_of(d, shape, 2, 1)));
+  d.kv_indptr = indptr + 1;
+  CHECK_FALSE(r.holds(&ws_b, plan_record_of(d, shape, 2, 1)));
+  CHECK_FALSE(r.holds(&ws_b, rec));  // block-table ids against a CSR plan
+  // A later plan replaces the earlier one; forget() leaves nothing.
+  r.note(&ws_a, plan_record_of(a, other, 2, 1));
+  CHECK_FALSE(r.holds(&ws_a, rec));
+  r.forget(&ws_a);
+  CHECK_FALSE(r.holds(&ws_a, plan_record_of(a, other, 2, 1)));
+  r.forget(&ws_b);
 }

@@ -48,11 +48,12 @@ enum class LseFormat : std::uint8_t {
 // page capacity (its block-table row length or CSR segment), and on nothing else: not on the
 // data or the page ids themselves, so every layer of a model step can share one plan. The plan
 // is kept in the workspace: decode_only reads the plan an earlier plan_only or plan_and_decode
-// call left in the same workspace, and is correct only while every input of that plan is
-// unchanged and no call of another shape has used the workspace since (nothing checks it: a
-// plan of another batch reads requests that do not exist). The decode kernels that plan for
-// themselves (docs/design.md, "Planner") do so whatever the step; plan_only launches nothing
-// for them.
+// call left in the same workspace. decode() refuses it (invalid_argument, before any launch)
+// unless the last call that planned into that workspace had this call's plan shape and kernel,
+// kv_len array (address), page size and capacity (block-table width, or kv_indptr's address);
+// what the host cannot see, the kv_len values and CSR offsets, the caller keeps unchanged. The
+// decode kernels that plan for themselves (docs/design.md, "Planner") do so whatever the step;
+// plan_only launches nothing for them.
 enum class PlanStep : std::uint8_t {
   plan_and_decode = 0,  // plan into the workspace, then decode (the default)
   plan_only = 1,        // plan into the workspace; no output is written
