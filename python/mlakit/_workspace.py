@@ -16,7 +16,8 @@ keeps the plan there: mlakit::PlanStep). plan_key() names what a plan depends on
 note_plan() / plan_in() record which plan a workspace holds, so that a decode_only call can be
 refused when its workspace holds another call's plan and the adapters can tell when the layers of
 one step may share a plan. The record sees the host side only: a kv_len or kv_indptr tensor
-rewritten by a kernel without a version bump is not noticed, nor is a graph replayed between two
+rewritten by a kernel without a version bump, or an inference tensor (which has no version)
+rewritten in place, is not noticed, nor is a graph replayed between two
 eager calls that plans into the same workspace. A plan enqueued during a CUDA graph capture
 serves only later calls of that capture.
 """
@@ -36,7 +37,12 @@ _plans = {}  # (device index, workspace address) -> plan_key() of the plan last 
 
 
 def _tensor_state(t):
-    return None if t is None else (t.data_ptr(), t._version, tuple(t.shape), tuple(t.stride()))
+    """A tensor as a plan sees it: address, layout and version (inference tensors, made under
+    torch.inference_mode as serving engines make theirs, keep no version: None)."""
+    if t is None:
+        return None
+    version = None if t.is_inference() else t._version
+    return (t.data_ptr(), version, tuple(t.shape), tuple(t.stride()))
 
 
 def plan_key(q, kv_cache, block_table, kv_indptr, kv_len, causal, split_code, num_splits, kv_rope):

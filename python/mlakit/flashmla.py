@@ -25,7 +25,7 @@ Not supported (ArgumentError): FlashMLA's own fp8 cache layout (is_fp8_kvcache=T
 bytes per token), sparse attention (indices, topk_length, extra_k_cache, attn_sink) and
 descale_q. A float8_e4m3fn k_cache with one scale is: pass descale_k (a float, or a
 one-element tensor, read on the host once per tensor and version: outside a capture first)
-or kv_scale.
+or kv_scale; a tensor made under torch.inference_mode keeps no version and is read once.
 """
 import math
 import weakref
@@ -78,8 +78,10 @@ def _scale_value(name, value):
         return float(value)
     if value.numel() != 1:
         raise ArgumentError(f"{name} has shape {list(value.shape)}: one scale per cache expected")
+    # An inference tensor (torch.inference_mode) keeps no version: it is read once.
+    version = None if value.is_inference() else value._version
     hit = _scales.get(id(value))
-    if hit is not None and hit[0]() is value and hit[1] == value._version:
+    if hit is not None and hit[0]() is value and hit[1] == version:
         return hit[2]
     if value.is_cuda:
         with torch.cuda.device(value.device):
@@ -89,7 +91,7 @@ def _scale_value(name, value):
     v = float(value.item())
     if len(_scales) > 4096:
         _scales.clear()
-    _scales[id(value)] = (weakref.ref(value), value._version, v)
+    _scales[id(value)] = (weakref.ref(value), version, v)
     return v
 
 

@@ -253,6 +253,22 @@ def test_plan_record_follows_shape_lengths_and_capture(monkeypatch):
     assert _workspace.step_for(ws, key(), True) == "plan_and_decode"
     _workspace.note_plan(ws, None)
     assert _workspace.plan_in(ws) is None
+    # Tensors made under torch.inference_mode (as serving engines make them) keep no version:
+    # the record takes them by address and layout.
+    with torch.inference_mode():
+        lens = case["kv_len"].clone()
+    k = key(kv_len=lens)
+    _workspace.note_plan(ws, k)
+    assert _workspace.step_for(ws, key(kv_len=lens), True) == "decode_only"
+    _workspace.note_plan(ws, None)
+
+
+def test_flashmla_scale_tensor_made_in_inference_mode():
+    from mlakit import flashmla
+    with torch.inference_mode():
+        scale = torch.tensor([0.25])
+    assert flashmla._scale_value("descale_k", scale) == 0.25
+    assert flashmla._scale_value("descale_k", scale) == 0.25  # the cached value
 
 
 # ---- argument errors ---------------------------------------------------------------------------

@@ -83,6 +83,19 @@ def test_op_layers_share_one_plan(q_len, lens, kv_dtype):
     check(case, out, lse, kv_scale=kv_scale)
 
 
+def test_layers_share_one_plan_in_inference_mode():
+    """Serving engines make their tensors under torch.inference_mode, where tensors keep no
+    version counter: the plan record takes them by address and layout."""
+    with torch.inference_mode():
+        cases = layers_of(torch.float8_e4m3fn, 8, (3000, 100), seed=9)
+        ws = mlakit.workspace(batch=2, num_heads=16, q_len=8)
+        for layer, case in enumerate(cases):
+            out, lse = mlakit.decode(case["q"], case["kv_cache"], case["kv_len"], block_table=case["block_table"],
+                                     softmax_scale=SCALE, kv_scale=0.5, return_lse=True, workspace=ws,
+                                     plan_step="plan_and_decode" if layer == 0 else "decode_only")
+            check(case, out, lse, kv_scale=0.5)
+
+
 def test_op_decode_only_refused_without_the_plan():
     cases = layers_of(torch.bfloat16, 8, (3000, 100), seed=5)
     case = cases[0]
