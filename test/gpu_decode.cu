@@ -425,6 +425,19 @@ struct PlanFamily {
   SplitMode split;
   int num_splits;
   bool planner;  // the decode kernel reads the planner's plan (else it plans for itself)
+
+  // The family's call at pages of 64 tokens (CSR, seed 1 unless the caller sets them).
+  Case case_of() const {
+    Case c;
+    c.kv_type = kv;
+    c.heads = heads;
+    c.q_len = q_len;
+    c.page_size = 64;
+    c.kv_lens = lens;
+    c.split = split;
+    c.num_splits = num_splits;
+    return c;
+  }
 };
 
 std::vector<PlanFamily> plan_families_full() {
@@ -481,15 +494,8 @@ TEST_CASE("plan steps: one plan serves every layer of a step", "[gpu]") {
       INFO(f.what << (plan_first ? ", plan_only first" : ", layer 0 plans"));
       std::vector<TestProblem> layers(kLayers);
       for (int l = 0; l < kLayers; ++l) {
-        Case c;
-        c.kv_type = f.kv;
-        c.heads = f.heads;
-        c.q_len = f.q_len;
-        c.page_size = 64;
+        Case c = f.case_of();
         c.ids = plan_first ? PageIds::block_table : PageIds::csr;
-        c.kv_lens = f.lens;
-        c.split = f.split;
-        c.num_splits = f.num_splits;
         c.seed = 7100 + 10 * l + (plan_first ? 1 : 0);
         build(layers[l], c);
         REQUIRE(layers[l].ok);
@@ -602,16 +608,8 @@ TEST_CASE("plan steps: decode_only launches no planner, plan_only nothing else",
   REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
   for (const PlanFamily& f : plan_families()) {
     INFO(f.what);
-    Case c;
-    c.kv_type = f.kv;
-    c.heads = f.heads;
-    c.q_len = f.q_len;
-    c.page_size = 64;
-    c.kv_lens = f.lens;
-    c.split = f.split;
-    c.num_splits = f.num_splits;
     TestProblem P;
-    build(P, c);
+    build(P, f.case_of());
     REQUIRE(P.ok);
     DeviceBuffer ws(workspace_for(P.dev));
     std::size_t nodes[3] = {0, 0, 0};

@@ -353,7 +353,7 @@ TEST_CASE("plan record: decode_only is allowed only where the workspace holds th
   const PlanShape shape = detail::plan_shape_for(a, 2, kDev, 1);
   PlanRegistry& r = PlanRegistry::instance();
   int ws_a = 0, ws_b = 0;  // two workspace addresses
-  const auto rec = plan_record_of(a, shape, 2, 1);
+  const auto rec = plan_record_of(a, shape);
   r.forget(&ws_a);
   r.forget(&ws_b);
   CHECK_FALSE(r.holds(&ws_a, rec));
@@ -363,39 +363,40 @@ TEST_CASE("plan record: decode_only is allowed only where the workspace holds th
   // The block table's address and entries do not enter a plan; its width does.
   DecodeArgs b = a;
   b.block_table = table2;
-  CHECK(r.holds(&ws_a, plan_record_of(b, shape, 2, 1)));
+  CHECK(r.holds(&ws_a, plan_record_of(b, shape)));
   b.max_pages_per_request = 41;
-  CHECK_FALSE(r.holds(&ws_a, plan_record_of(b, shape, 2, 1)));
-  // Another kv_len array, page size, kernel or plan shape: another plan.
+  CHECK_FALSE(r.holds(&ws_a, plan_record_of(b, shape)));
+  // Another kv_len array, page size or plan shape (the kernel choice enters through it: its
+  // CTAs per SM set num_ctas): another plan.
   b = a;
   b.kv_len = lens2;
-  CHECK_FALSE(r.holds(&ws_a, plan_record_of(b, shape, 2, 1)));
+  CHECK_FALSE(r.holds(&ws_a, plan_record_of(b, shape)));
   b = a;
   b.page_size = 32;
-  CHECK_FALSE(r.holds(&ws_a, plan_record_of(b, shape, 2, 1)));
-  CHECK_FALSE(r.holds(&ws_a, plan_record_of(a, shape, 2, 2)));
-  CHECK_FALSE(r.holds(&ws_a, plan_record_of(a, shape, 1, 1)));
+  CHECK_FALSE(r.holds(&ws_a, plan_record_of(b, shape)));
+  CHECK_FALSE(r.holds(&ws_a, plan_record_of(a, detail::plan_shape_for(a, 2, kDev, 2))));
+  CHECK_FALSE(r.holds(&ws_a, plan_record_of(a, detail::plan_shape_for(a, 1, kDev, 1))));
   PlanShape other = shape;
   other.batch = 4;
-  CHECK_FALSE(r.holds(&ws_a, plan_record_of(a, other, 2, 1)));
+  CHECK_FALSE(r.holds(&ws_a, plan_record_of(a, other)));
   other = shape;
   other.tile_step = shape.tile_step + 1;
-  CHECK_FALSE(r.holds(&ws_a, plan_record_of(a, other, 2, 1)));
+  CHECK_FALSE(r.holds(&ws_a, plan_record_of(a, other)));
   // CSR: the offsets array enters by address, max_pages_per_request (not read) does not.
   DecodeArgs c = a;
   c.page_ids = PageIds::csr;
   c.kv_indptr = indptr;
-  r.note(&ws_b, plan_record_of(c, shape, 2, 1));
+  r.note(&ws_b, plan_record_of(c, shape));
   DecodeArgs d = c;
   d.max_pages_per_request = 7;
-  CHECK(r.holds(&ws_b, plan_record_of(d, shape, 2, 1)));
+  CHECK(r.holds(&ws_b, plan_record_of(d, shape)));
   d.kv_indptr = indptr + 1;
-  CHECK_FALSE(r.holds(&ws_b, plan_record_of(d, shape, 2, 1)));
+  CHECK_FALSE(r.holds(&ws_b, plan_record_of(d, shape)));
   CHECK_FALSE(r.holds(&ws_b, rec));  // block-table ids against a CSR plan
   // A later plan replaces the earlier one; forget() leaves nothing.
-  r.note(&ws_a, plan_record_of(a, other, 2, 1));
+  r.note(&ws_a, plan_record_of(a, other));
   CHECK_FALSE(r.holds(&ws_a, rec));
   r.forget(&ws_a);
-  CHECK_FALSE(r.holds(&ws_a, plan_record_of(a, other, 2, 1)));
+  CHECK_FALSE(r.holds(&ws_a, plan_record_of(a, other)));
   r.forget(&ws_b);
 }

@@ -311,27 +311,26 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   k.out_scale = a.kv_scale;
   k.self_plan = c.self_plan ? 1 : 0;
 
-  // A decode_only call whose kernel reads the planner's plan needs that plan in the
-  // workspace: the last planner enqueued there must have had this call's plan inputs (a kernel
-  // that plans for itself does so whatever the step).
-  const PlanRecord record = plan_record_of(a, shape, c.policy, static_cast<int>(c.mainloop));
-  if (!c.self_plan && a.plan_step == PlanStep::decode_only &&
-      !PlanRegistry::instance().holds(workspace, record))
-    return bad_arg("plan_step", "decode_only",
-                   "after a plan_and_decode or plan_only call into the same workspace with the "
-                   "same batch, heads, q_len, page size and capacity, split mode and kv_len "
-                   "array, and no planning call of another shape there since");
-
-  // Everything that can fail without a GPU fault has been checked above: from here on only a
-  // launch the runtime rejects returns early (inside a stream capture the caller then ends
-  // and discards the capture).
+  // Everything that can fail without a GPU fault has been checked above, but for the plan a
+  // decode_only call reads: the last planner enqueued into the workspace must have had this
+  // call's plan inputs (a kernel that plans for itself does so whatever the step, over whatever
+  // the workspace held). From here on only a launch the runtime rejects returns early (inside
+  // a stream capture the caller then ends and discards the capture).
+  PlanRegistry& plans = PlanRegistry::instance();
   if (c.self_plan) {
-    // The decode kernel writes its own plan over whatever the workspace held.
-    if (a.plan_step != PlanStep::plan_only) PlanRegistry::instance().forget(workspace);
-  } else if (a.plan_step != PlanStep::decode_only) {
-    PlanRegistry::instance().forget(workspace);
-    if (!(s = launch_planner(a, shape, k.ws, stream))) return s;
-    PlanRegistry::instance().note(workspace, record);
+    if (a.plan_step != PlanStep::plan_only) plans.forget(workspace);
+  } else if (a.plan_step == PlanStep::decode_only) {
+    if (!plans.holds(workspace, plan_record_of(a, shape)))
+      return bad_arg("plan_step", "decode_only",
+                     "after a plan_and_decode or plan_only call into the same workspace with "
+                     "the same batch, heads, q_len, page size and capacity, split mode and "
+                     "kv_len array, and no planning call of another shape there since");
+  } else {
+    if (!(s = launch_planner(a, shape, k.ws, stream))) {
+      plans.forget(workspace);
+      return s;
+    }
+    plans.note(workspace, plan_record_of(a, shape));
   }
   if (a.plan_step == PlanStep::plan_only) return Status::ok();
   const dim3 grid(shape.row_tiles, shape.num_ctas);

@@ -14,15 +14,14 @@
 namespace mlakit::detail {
 
 // What a plan depends on that the host sees: the plan shape (batch, row tiles, CTAs, split
-// mode, piece rules), the kernel that reads it, the kv_len array by address and each
-// request's page capacity: a block table's width and the page size, or the CSR offsets
-// (kv_indptr) by address. The block table's address and entries and kv_indices do not enter a
-// plan. The kv_len values and CSR offsets live on the device: the caller keeps them unchanged
-// from the planning call to its decode_only calls (README, "plan step").
+// mode, piece rules; the plan kernel reads nothing else of the kernel choice, and the plan's
+// place in the workspace follows from it), the kv_len array by address and each request's
+// page capacity: a block table's width and the page size, or the CSR offsets (kv_indptr) by
+// address. The block table's address and entries and kv_indices do not enter a plan. The
+// kv_len values and CSR offsets live on the device: the caller keeps them unchanged from the
+// planning call to its decode_only calls (README, "plan step").
 struct PlanRecord {
   PlanShape shape;
-  int policy = -1;
-  int mainloop = -1;
   const void* kv_len = nullptr;
   PageIds page_ids = PageIds::block_table;
   const void* kv_indptr = nullptr;  // CSR only
@@ -30,12 +29,9 @@ struct PlanRecord {
   int page_size = 0;
 };
 
-inline PlanRecord plan_record_of(const DecodeArgs& a, const PlanShape& shape, int policy,
-                                 int mainloop) {
+inline PlanRecord plan_record_of(const DecodeArgs& a, const PlanShape& shape) {
   PlanRecord r;
   r.shape = shape;
-  r.policy = policy;
-  r.mainloop = mainloop;
   r.kv_len = a.kv_len;
   r.page_ids = a.page_ids;
   const bool table = a.page_ids == PageIds::block_table;
@@ -46,14 +42,7 @@ inline PlanRecord plan_record_of(const DecodeArgs& a, const PlanShape& shape, in
 }
 
 inline bool same_plan(const PlanRecord& x, const PlanRecord& y) {
-  const PlanShape& a = x.shape;
-  const PlanShape& b = y.shape;
-  return a.batch == b.batch && a.row_tiles == b.row_tiles && a.num_ctas == b.num_ctas &&
-         a.mode == b.mode && a.fixed_splits == b.fixed_splits &&
-         a.min_piece_tiles == b.min_piece_tiles && a.may_shift == b.may_shift &&
-         a.tile_step == b.tile_step && a.partials_per_tile == b.partials_per_tile &&
-         a.count_row_tiles == b.count_row_tiles && x.policy == y.policy &&
-         x.mainloop == y.mainloop && x.kv_len == y.kv_len && x.page_ids == y.page_ids &&
+  return x.shape == y.shape && x.kv_len == y.kv_len && x.page_ids == y.page_ids &&
          x.kv_indptr == y.kv_indptr && x.max_pages_per_request == y.max_pages_per_request &&
          x.page_size == y.page_size;
 }

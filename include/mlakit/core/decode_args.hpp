@@ -49,7 +49,7 @@ enum class LseFormat : std::uint8_t {
 // data or the page ids themselves, so every layer of a model step can share one plan. The plan
 // is kept in the workspace: decode_only reads the plan an earlier plan_only or plan_and_decode
 // call left in the same workspace. decode() refuses it (invalid_argument, before any launch)
-// unless the last call that planned into that workspace had this call's plan shape and kernel,
+// unless the last call that planned into that workspace had this call's plan shape (PlanShape),
 // kv_len array (address), page size and capacity (block-table width, or kv_indptr's address);
 // what the host cannot see, the kv_len values and CSR offsets, the caller keeps unchanged. The
 // decode kernels that plan for themselves (docs/design.md, "Planner") do so whatever the step;

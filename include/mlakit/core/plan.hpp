@@ -79,6 +79,16 @@ struct PlanShape {
   int partials_per_tile = 0;
   bool count_row_tiles = false;
 
+  // Equal shapes give equal plans for equal lengths and page capacities (every field above
+  // enters the plan).
+  bool operator==(const PlanShape& o) const {
+    return batch == o.batch && row_tiles == o.row_tiles && num_ctas == o.num_ctas &&
+           mode == o.mode && fixed_splits == o.fixed_splits &&
+           min_piece_tiles == o.min_piece_tiles && may_shift == o.may_shift &&
+           tile_step == o.tile_step && partials_per_tile == o.partials_per_tile &&
+           count_row_tiles == o.count_row_tiles;
+  }
+
   // Upper bound on pieces that belong to split requests: each CTA is the first or last CTA
   // of at most two split requests, and a request strictly inside a CTA's range is unsplit.
   MLAKIT_HOST_DEVICE std::int64_t max_partials() const {
