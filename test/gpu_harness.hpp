@@ -178,6 +178,9 @@ struct Case {
   // (the 512 latent ones, then NaN) and rope rows of 80 (the 64 rotary ones, then NaN), each
   // page one row longer than page_size, so no stride equals the joined cache's.
   bool split_cache = false;
+  // A joined cache with rows of 592 values (the 576, then NaN) and pages one row longer than
+  // page_size: KV strides other than the packed ones.
+  bool padded_cache = false;
 
   std::string name() const {
     std::string s = std::string(dtype_name(q_type)) + "/" + dtype_name(kv_type) + " h" +
@@ -186,7 +189,7 @@ struct Case {
                     (ids == PageIds::csr ? " csr" : " bt") + " split" + std::to_string(int(split)) +
                     "/" + std::to_string(num_splits) +
                     (lse ? " lse" + std::to_string(int(lse_format)) : "") +
-                    (split_cache ? " kv_rope" : "") + " lens";
+                    (split_cache ? " kv_rope" : "") + (padded_cache ? " padded" : "") + " lens";
     for (std::size_t i = 0; i < kv_lens.size() && i < 6; ++i) s += " " + std::to_string(kv_lens[i]);
     if (kv_lens.size() > 6) s += " ...(" + std::to_string(kv_lens.size()) + ")";
     return s;
@@ -349,6 +352,25 @@ inline void build(TestProblem& P, const Case& c) {
     a.kv_stride_page = std::int64_t(rows_per_page) * kLatentRow;
     a.kv_rope_stride_token = kRopeRow;
     a.kv_rope_stride_page = std::int64_t(rows_per_page) * kRopeRow;
+  }
+  if (c.padded_cache && !c.split_cache) {  // every row and page padded with NaN
+    constexpr int kRow = 592;
+    const std::size_t rows_per_page = std::size_t(c.page_size) + 1;
+    std::vector<std::uint8_t> padded(std::size_t(num_pages) * rows_per_page * kRow * eb);
+    const std::uint16_t nan16 = nan_bits16(c.kv_type);
+    for (std::size_t i = 0; i < padded.size(); i += eb) {
+      if (eb == 2)
+        std::memcpy(padded.data() + i, &nan16, 2);
+      else
+        padded[i] = nan_bits8(c.kv_type);
+    }
+    for (int page = 0; page < num_pages; ++page)
+      for (int r = 0; r < c.page_size; ++r)
+        std::memcpy(&padded[(std::size_t(page) * rows_per_page + r) * kRow * eb],
+                    P.kv.data() + (std::size_t(page) * c.page_size + r) * row_bytes, row_bytes);
+    P.kv = std::move(padded);
+    a.kv_stride_token = kRow;
+    a.kv_stride_page = std::int64_t(rows_per_page) * kRow;
   }
 
   P.out_elems = std::size_t(a.batch) * a.q_len * a.num_heads * kHeadDimV;

@@ -121,6 +121,35 @@ TEST_CASE("pipeline: page sizes 64 and 128, every ring length", "[gpu][pipeline]
       }
 }
 
+// KV of the Q type and e4m3fn KV at pages of 64, 128 and 256 tokens (a tile inside one page,
+// the page's NaN tail after the last tile): packed caches and caches whose rows and pages are
+// padded with NaN (token and page strides that are not the packed ones), every ring length, 2,
+// 4 and 8 query tokens (32 rows run the 64-row tile on sm_90 with KV of the Q type), splits
+// on and off.
+TEST_CASE("pipeline: pages of 64 to 256 tokens, packed and padded caches", "[gpu][pipeline]") {
+  MLAKIT_REQUIRE_GPU();
+  int seed = 9400;
+  for (int page_size : {64, 128, 256})
+    for (bool padded : {false, true})
+      for (int q_len : {2, 4, 8})
+        for (bool fp8 : {false, true}) {
+          Case c;
+          c.q_type = (seed & 1) ? DType::fp16 : DType::bf16;
+          c.kv_type = fp8 ? DType::fp8_e4m3fn : c.q_type;
+          c.heads = 16;
+          c.q_len = q_len;
+          c.page_size = page_size;
+          c.padded_cache = padded;
+          c.ids = (seed & 2) ? PageIds::csr : PageIds::block_table;
+          c.split = seed % 3 == 0 ? SplitMode::none
+                                  : (seed % 3 == 1 ? SplitMode::fixed : SplitMode::automatic);
+          c.num_splits = c.split == SplitMode::fixed ? 3 : 0;
+          c.kv_lens = ring_lengths_34();
+          c.seed = seed++;
+          check_pipeline_case(c);
+        }
+}
+
 TEST_CASE("pipeline: one-tile pieces from fixed splits, other KV types", "[gpu][pipeline]") {
   MLAKIT_REQUIRE_GPU();
   int seed = 9100;
