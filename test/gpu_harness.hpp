@@ -287,9 +287,8 @@ inline void build(TestProblem& P, const Case& c) {
       *p = c.kv_type == DType::fp8_e4m3fn ? encode_e4m3fn(v) : encode_e4m3fnuz(v);
     }
   };
-  auto poison = [&](std::size_t row) {
-    std::uint8_t* p = P.kv.data() + row * row_bytes;
-    for (int d = 0; d < kHeadDimQK; ++d) {
+  auto fill_nan = [&](std::uint8_t* p, std::size_t values) {  // `values` NaNs of the KV type
+    for (std::size_t d = 0; d < values; ++d) {
       if (eb == 2) {
         const std::uint16_t h = nan_bits16(c.kv_type);
         std::memcpy(p + 2 * d, &h, 2);
@@ -297,6 +296,15 @@ inline void build(TestProblem& P, const Case& c) {
         p[d] = nan_bits8(c.kv_type);
       }
     }
+  };
+  auto poison = [&](std::size_t row) { fill_nan(P.kv.data() + row * row_bytes, kHeadDimQK); };
+  // The relaid caches below (split_cache, padded_cache): `row` values per token, pages one row
+  // longer than page_size, NaN wherever no token value is copied.
+  const std::size_t rows_per_page = std::size_t(c.page_size) + 1;
+  auto nan_cache = [&](int row) {
+    std::vector<std::uint8_t> v(std::size_t(num_pages) * rows_per_page * row * eb);
+    fill_nan(v.data(), v.size() / eb);
+    return v;
   };
   const float kv_range = is_fp8(c.kv_type) ? (c.kv_type == DType::fp8_e4m3fn ? 400.f : 200.f) : 1.f;
   std::vector<int> perm(num_pages);
@@ -328,17 +336,7 @@ inline void build(TestProblem& P, const Case& c) {
   if (P.indices.empty()) P.indices.push_back(0);
   if (c.split_cache) {  // the joined rows' values into two caches with NaN padding
     constexpr int kLatentRow = 528, kRopeRow = 80;
-    const std::size_t rows_per_page = std::size_t(c.page_size) + 1;
-    const std::size_t rows = std::size_t(num_pages) * rows_per_page;
-    std::vector<std::uint8_t> latent(rows * kLatentRow * eb), rope(rows * kRopeRow * eb);
-    const std::uint16_t nan16 = nan_bits16(c.kv_type);
-    for (std::vector<std::uint8_t>* part : {&latent, &rope})
-      for (std::size_t i = 0; i < part->size(); i += eb) {
-        if (eb == 2)
-          std::memcpy(part->data() + i, &nan16, 2);
-        else
-          (*part)[i] = nan_bits8(c.kv_type);
-      }
+    std::vector<std::uint8_t> latent = nan_cache(kLatentRow), rope = nan_cache(kRopeRow);
     for (int page = 0; page < num_pages; ++page)
       for (int r = 0; r < c.page_size; ++r) {
         const std::uint8_t* src = P.kv.data() + (std::size_t(page) * c.page_size + r) * row_bytes;
@@ -355,15 +353,7 @@ inline void build(TestProblem& P, const Case& c) {
   }
   if (c.padded_cache && !c.split_cache) {  // every row and page padded with NaN
     constexpr int kRow = 592;
-    const std::size_t rows_per_page = std::size_t(c.page_size) + 1;
-    std::vector<std::uint8_t> padded(std::size_t(num_pages) * rows_per_page * kRow * eb);
-    const std::uint16_t nan16 = nan_bits16(c.kv_type);
-    for (std::size_t i = 0; i < padded.size(); i += eb) {
-      if (eb == 2)
-        std::memcpy(padded.data() + i, &nan16, 2);
-      else
-        padded[i] = nan_bits8(c.kv_type);
-    }
+    std::vector<std::uint8_t> padded = nan_cache(kRow);
     for (int page = 0; page < num_pages; ++page)
       for (int r = 0; r < c.page_size; ++r)
         std::memcpy(&padded[(std::size_t(page) * rows_per_page + r) * kRow * eb],

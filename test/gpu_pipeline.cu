@@ -98,49 +98,32 @@ TEST_CASE("pipeline: lengths ending in every stage of the ring", "[gpu][pipeline
     }
 }
 
-// Page sizes of 64 and 128 tokens (a tile inside one page, the page's NaN-poisoned tail
-// after the last tile): every ring length, both page-id formats, KV of the Q type and both
-// fp8 formats, splits on and off.
-TEST_CASE("pipeline: page sizes 64 and 128, every ring length", "[gpu][pipeline]") {
+// Page sizes of 64, 128 and 256 tokens (a tile inside one page, the page's NaN-poisoned tail
+// after the last tile), in packed caches and in caches whose rows (592 values) and pages (one
+// row more) are padded with NaN, so the token and page strides are not the packed ones: every
+// ring length twice (34 requests), 2, 4 and 8 query tokens (32 rows run the 64-row tile on
+// sm_90 with KV of the Q type), both page-id formats, KV of the Q type (bf16, fp16) and both
+// fp8 formats, every split mode.
+TEST_CASE("pipeline: page sizes 64, 128 and 256, packed and padded caches, every ring length",
+          "[gpu][pipeline]") {
   MLAKIT_REQUIRE_GPU();
+  struct Kv {
+    DType q, kv;
+  };
   int seed = 9300;
-  for (int page_size : {64, 128})
-    for (int q_len : {4, 8})
-      for (DType kv : {DType::fp8_e4m3fn, DType::bf16, DType::fp8_e4m3fnuz}) {
-        Case c;
-        c.q_type = DType::bf16;
-        c.kv_type = kv;
-        c.heads = 16;
-        c.q_len = q_len;
-        c.page_size = page_size;
-        c.ids = (seed & 1) ? PageIds::csr : PageIds::block_table;
-        c.split = (seed & 2) ? SplitMode::automatic : SplitMode::none;
-        c.kv_lens = kRingLengths;
-        c.seed = seed++;
-        check_pipeline_case(c);
-      }
-}
-
-// KV of the Q type and e4m3fn KV at pages of 64, 128 and 256 tokens (a tile inside one page,
-// the page's NaN tail after the last tile): packed caches and caches whose rows and pages are
-// padded with NaN (token and page strides that are not the packed ones), every ring length, 2,
-// 4 and 8 query tokens (32 rows run the 64-row tile on sm_90 with KV of the Q type), splits
-// on and off.
-TEST_CASE("pipeline: pages of 64 to 256 tokens, packed and padded caches", "[gpu][pipeline]") {
-  MLAKIT_REQUIRE_GPU();
-  int seed = 9400;
   for (int page_size : {64, 128, 256})
     for (bool padded : {false, true})
       for (int q_len : {2, 4, 8})
-        for (bool fp8 : {false, true}) {
+        for (Kv t : {Kv{DType::bf16, DType::fp8_e4m3fn}, Kv{DType::bf16, DType::bf16},
+                     Kv{DType::bf16, DType::fp8_e4m3fnuz}, Kv{DType::fp16, DType::fp16}}) {
           Case c;
-          c.q_type = (seed & 1) ? DType::fp16 : DType::bf16;
-          c.kv_type = fp8 ? DType::fp8_e4m3fn : c.q_type;
+          c.q_type = t.q;
+          c.kv_type = t.kv;
           c.heads = 16;
           c.q_len = q_len;
           c.page_size = page_size;
           c.padded_cache = padded;
-          c.ids = (seed & 2) ? PageIds::csr : PageIds::block_table;
+          c.ids = (seed & 1) ? PageIds::csr : PageIds::block_table;
           c.split = seed % 3 == 0 ? SplitMode::none
                                   : (seed % 3 == 1 ? SplitMode::fixed : SplitMode::automatic);
           c.num_splits = c.split == SplitMode::fixed ? 3 : 0;

@@ -36,13 +36,17 @@ _sizes = {}  # (device index, batch, rows, split code, splits) -> bytes
 _plans = {}  # (device index, workspace address) -> plan_key() of the plan last written there
 
 
+def tensor_version(t):
+    """t's version counter, or None for an inference tensor (made under torch.inference_mode, as
+    serving engines make theirs), which keeps none."""
+    return None if t.is_inference() else t._version
+
+
 def _tensor_state(t):
-    """A tensor as a plan sees it: address, layout and version (inference tensors, made under
-    torch.inference_mode as serving engines make theirs, keep no version: None)."""
+    """A tensor as a plan sees it: address, layout and version (tensor_version)."""
     if t is None:
         return None
-    version = None if t.is_inference() else t._version
-    return (t.data_ptr(), version, tuple(t.shape), tuple(t.stride()))
+    return (t.data_ptr(), tensor_version(t), tuple(t.shape), tuple(t.stride()))
 
 
 def plan_key(q, kv_cache, block_table, kv_indptr, kv_len, causal, split_code, num_splits, kv_rope):

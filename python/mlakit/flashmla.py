@@ -78,8 +78,7 @@ def _scale_value(name, value):
         return float(value)
     if value.numel() != 1:
         raise ArgumentError(f"{name} has shape {list(value.shape)}: one scale per cache expected")
-    # An inference tensor (torch.inference_mode) keeps no version: it is read once.
-    version = None if value.is_inference() else value._version
+    version = _workspace.tensor_version(value)  # None for an inference tensor: read once
     hit = _scales.get(id(value))
     if hit is not None and hit[0]() is value and hit[1] == version:
         return hit[2]
