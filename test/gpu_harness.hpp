@@ -179,7 +179,7 @@ struct Case {
   // page one row longer than page_size, so no stride equals the joined cache's.
   bool split_cache = false;
   // A joined cache with rows of 592 values (the 576, then NaN) and pages one row longer than
-  // page_size: KV strides other than the packed ones.
+  // page_size: KV strides other than the packed ones (split_cache, if set, takes precedence).
   bool padded_cache = false;
 
   std::string name() const {
@@ -299,11 +299,17 @@ inline void build(TestProblem& P, const Case& c) {
   };
   auto poison = [&](std::size_t row) { fill_nan(P.kv.data() + row * row_bytes, kHeadDimQK); };
   // The relaid caches below (split_cache, padded_cache): `row` values per token, pages one row
-  // longer than page_size, NaN wherever no token value is copied.
+  // longer than page_size, values [from, from + values) of each joined token row at the start
+  // of its row, NaN everywhere else.
   const std::size_t rows_per_page = std::size_t(c.page_size) + 1;
-  auto nan_cache = [&](int row) {
+  auto relaid = [&](int row, int from, int values) {
     std::vector<std::uint8_t> v(std::size_t(num_pages) * rows_per_page * row * eb);
     fill_nan(v.data(), v.size() / eb);
+    for (int page = 0; page < num_pages; ++page)
+      for (int r = 0; r < c.page_size; ++r)
+        std::memcpy(&v[(std::size_t(page) * rows_per_page + r) * row * eb],
+                    P.kv.data() + (std::size_t(page) * c.page_size + r) * row_bytes + from * eb,
+                    std::size_t(values) * eb);
     return v;
   };
   const float kv_range = is_fp8(c.kv_type) ? (c.kv_type == DType::fp8_e4m3fn ? 400.f : 200.f) : 1.f;
@@ -336,29 +342,16 @@ inline void build(TestProblem& P, const Case& c) {
   if (P.indices.empty()) P.indices.push_back(0);
   if (c.split_cache) {  // the joined rows' values into two caches with NaN padding
     constexpr int kLatentRow = 528, kRopeRow = 80;
-    std::vector<std::uint8_t> latent = nan_cache(kLatentRow), rope = nan_cache(kRopeRow);
-    for (int page = 0; page < num_pages; ++page)
-      for (int r = 0; r < c.page_size; ++r) {
-        const std::uint8_t* src = P.kv.data() + (std::size_t(page) * c.page_size + r) * row_bytes;
-        const std::size_t row = std::size_t(page) * rows_per_page + r;
-        std::memcpy(&latent[row * kLatentRow * eb], src, kHeadDimV * eb);
-        std::memcpy(&rope[row * kRopeRow * eb], src + kHeadDimV * eb, (kHeadDimQK - kHeadDimV) * eb);
-      }
+    std::vector<std::uint8_t> latent = relaid(kLatentRow, 0, kHeadDimV);
+    P.kv_rope = relaid(kRopeRow, kHeadDimV, kHeadDimQK - kHeadDimV);
     P.kv = std::move(latent);
-    P.kv_rope = std::move(rope);
     a.kv_stride_token = kLatentRow;
     a.kv_stride_page = std::int64_t(rows_per_page) * kLatentRow;
     a.kv_rope_stride_token = kRopeRow;
     a.kv_rope_stride_page = std::int64_t(rows_per_page) * kRopeRow;
-  }
-  if (c.padded_cache && !c.split_cache) {  // every row and page padded with NaN
+  } else if (c.padded_cache) {  // every row and page padded with NaN
     constexpr int kRow = 592;
-    std::vector<std::uint8_t> padded = nan_cache(kRow);
-    for (int page = 0; page < num_pages; ++page)
-      for (int r = 0; r < c.page_size; ++r)
-        std::memcpy(&padded[(std::size_t(page) * rows_per_page + r) * kRow * eb],
-                    P.kv.data() + (std::size_t(page) * c.page_size + r) * row_bytes, row_bytes);
-    P.kv = std::move(padded);
+    P.kv = relaid(kRow, 0, kHeadDimQK);
     a.kv_stride_token = kRow;
     a.kv_stride_page = std::int64_t(rows_per_page) * kRow;
   }
