@@ -11,7 +11,11 @@
 #     always printing its C7515 note, so the count is the check;
 #  2. fails on any ptxas C7515 or C7520 note ("wgmma serialized") and on any C7519 note (a
 #     warpgroup.arrive ptxas injected: every wgmma.fence the mainloops need is in their source)
-#     anywhere in the table.
+#     anywhere in the table;
+#  3. fails on any cp.async copy (LDGSTS) in the table whose 64-bit memory descriptor starts at
+#     an odd uniform register: ptxas 13.0 emits that form for an L2-hinted copy into which it
+#     folds a uniform shared-memory offset, and the kernel stops with an illegal-instruction
+#     error (arch/copy_atom.hpp, copy16_evict_first).
 #   bash tools/check-wgmma.sh            (nvcc on PATH or in /usr/local/cuda/bin; needs pip for the
 #                                        disassembler wheel, downloaded once, not installed, and
 #                                        c++filt and python3)
@@ -121,5 +125,14 @@ if [ "$notes" -ne 0 ]; then
   status=1
 else
   echo "dispatch table, sm_90a: no ptxas C7515, C7519 or C7520 note in $kernels kernels: ok"
+fi
+odd=$(grep -cE 'LDGSTS[^;]*desc\[UR[0-9]*[13579]\]' "$work/table.sass" || true)
+copies=$(grep -c 'LDGSTS\.' "$work/table.sass" || true)
+if [ "$odd" -ne 0 ]; then
+  grep -E 'LDGSTS[^;]*desc\[UR[0-9]*[13579]\]' "$work/table.sass" | head -n 3
+  echo "dispatch table, sm_90a: $odd of $copies LDGSTS name an odd descriptor register: FAILED"
+  status=1
+else
+  echo "dispatch table, sm_90a: every one of $copies LDGSTS names an even descriptor register: ok"
 fi
 exit $status

@@ -310,7 +310,8 @@ struct SplitOMainloop {
     for (int c = C0; c < C1; ++c) {
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        Copy::copy16(dst + c * kChunkBytes + k * 2048, chunk_src<kSplit>(d, k, c, 128), d.bytes[k]);
+        Copy::copy16_evict_first(dst + c * kChunkBytes + k * 2048, chunk_src<kSplit>(d, k, c, 128),
+                                 d.bytes[k]);
       pipe.producer_commit_cp_async(st, c);
     }
   }
@@ -326,8 +327,8 @@ struct SplitOMainloop {
     for (int pass = 0; pass < 2; ++pass) {
 #pragma unroll
       for (int c = C0; c < C1; ++c)
-        Copy::copy16(raw + (c - C0) * 4096 + pass * 2048, chunk_src<kSplit>(d, pass, c, 64),
-                     d.bytes[pass]);
+        Copy::copy16_evict_first(raw + (c - C0) * 4096 + pass * 2048,
+                                 chunk_src<kSplit>(d, pass, c, 64), d.bytes[pass]);
     }
     Copy::commit();
   }

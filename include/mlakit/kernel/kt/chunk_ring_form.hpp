@@ -86,8 +86,9 @@ struct KtChunkRingForm : KtSoftmax<Tr, typename Tr::Tq, 2> {
       const auto copy_chunk = [&](std::uint32_t slot, int c, int k) {  // chunk c of token k
 #pragma unroll
         for (int e = 0; e < 2; ++e)
-          Copy::copy16(slot + (e ? dst1 : dst0) + k * kTokStride * 128,
-                       this->template copy_src<kSplit>(src[k], rope[k], 2 * c + e), bytes[k]);
+          Copy::copy16_evict_first(slot + (e ? dst1 : dst0) + k * kTokStride * 128,
+                                   this->template copy_src<kSplit>(src[k], rope[k], 2 * c + e),
+                                   bytes[k]);
       };
       if constexpr (Cfg::kRowCopies) {
         // All nine slots first, then each token row whole (18 copies in address order).
