@@ -26,12 +26,13 @@ struct CopyAtomCpAsync {
   }
   // The same, with the lines marked evict-first in L2: for KV tiles, which stream through L2
   // (read by the CTAs of one piece, by nothing later), so that they do not displace the Q
-  // rows, page tables and partial results that other CTAs read again. The producers of the
-  // 64-row split-O tile and of the keys-as-M 16-bit form use it, the others not: where ptxas
-  // 13.0 folds a uniform shared-memory offset into the copy (the keys-as-M fp8 and the 16-row
-  // producers), it names a misaligned uniform-register pair as the copy's cache-policy
-  // descriptor, and the kernel stops with an illegal-instruction error on sm_90
-  // (tools/check-wgmma.sh fails on that form anywhere in decode()'s table).
+  // rows, page tables and partial results that other CTAs read again. The KV producers of the
+  // split-O and keys-as-M sm_90a kernels use it; Q copies and the mma.sync kernels do not.
+  // `dst` must be held in a vector register (see `per_thread`): where ptxas 13.0 folds a
+  // uniform shared-memory base into a hinted copy (`[R+UR+imm]`), it names a misaligned
+  // uniform-register pair as the copy's cache-policy descriptor, and the kernel stops with an
+  // illegal-instruction error on sm_90 (tools/check-wgmma.sh fails on that form anywhere in
+  // decode()'s table).
   __device__ static void copy16_evict_first(std::uint32_t dst, const void* src,
                                             std::uint32_t src_bytes) {
     std::uint64_t policy;
@@ -39,6 +40,12 @@ struct CopyAtomCpAsync {
     asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
     asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
                  "l"(src), "r"(src_bytes), "l"(policy));
+  }
+  // A warp-uniform shared-memory address as a value ptxas keeps in a vector register (it
+  // does not treat a shuffle's result as uniform), so that the hinted copies built on it take
+  // the `[R+imm]` form. All 32 lanes of the warp must call it with the same value.
+  __device__ static std::uint32_t per_thread(std::uint32_t uniform_addr) {
+    return __shfl_sync(0xffffffffu, uniform_addr, 0);
   }
   __device__ static void commit() { asm volatile("cp.async.commit_group;\n" ::); }
   template <int Pending>

@@ -94,13 +94,14 @@ struct KtRawFp8Form : KtSoftmax<Tr, fp16_t, 1> {
       this->template token_sources<kSplit>(r, kt, r0, sub, id, src, rope, bytes);
       if (i + 1 < r.n_tiles) this->fetch_pages(table, kt + 64, last, pl, id);  // in flight
       pipe.producer_acquire(st, 0);
-      const std::uint32_t dst = smem_u32(tiles.kv[st.stage()]) + dst0;
+      const std::uint32_t dst = Copy::per_thread(smem_u32(tiles.kv[st.stage()])) + dst0;
 #pragma unroll
       for (int k = 0; k < kTok; ++k) {
 #pragma unroll
         for (int c = 0; c < kCopies; ++c)
-          Copy::copy16(dst + k * kTokStride * kHeadDimQK + 64 * c,
-                       this->template copy_src<kSplit>(src[k], rope[k], c), bytes[k]);
+          Copy::copy16_evict_first(dst + k * kTokStride * kHeadDimQK + 64 * c,
+                                   this->template copy_src<kSplit>(src[k], rope[k], c),
+                                   bytes[k]);
       }
       pipe.producer_commit_cp_async(st, 0);
       st.advance();
