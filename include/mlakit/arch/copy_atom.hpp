@@ -25,9 +25,10 @@ struct CopyAtomCpAsync {
                  "r"(src_bytes));
   }
   // The same, with the lines marked evict-first in L2: for KV tiles, which stream through L2
-  // (read by the CTAs of one piece, by nothing later), so that they do not displace the Q
-  // rows, page tables and partial results that other CTAs read again. The KV producers of the
-  // split-O and keys-as-M sm_90a kernels use it; Q copies and the mma.sync kernels do not.
+  // (read by the CTAs of one piece's row tiles and by nothing later), so that they do not
+  // displace the Q rows, page tables and partial results that other CTAs read again. The KV
+  // producers of the split-O and keys-as-M sm_90a kernels use it; Q copies and the mma.sync
+  // kernels do not.
   // `dst` must be held in a vector register (see `per_thread`): where ptxas 13.0 folds a
   // uniform shared-memory base into a hinted copy (`[R+UR+imm]`), it names a misaligned
   // uniform-register pair as the copy's cache-policy descriptor, and the kernel stops with an
