@@ -117,22 +117,24 @@ for entry in filter(None, LIST.strip().split("\n")):
 sys.exit(status)
 PY
 
-notes=$(grep -cE 'C7515|C7519|C7520' "$work/table.log" || true)
+# forbid PATTERN FILE PROBLEM OK: fails (printing the first matches) where PATTERN occurs in FILE,
+# saying "<count> PROBLEM"; else says OK.
+forbid() {
+  local n
+  n=$(grep -cE "$1" "$2" || true)
+  if [ "$n" -ne 0 ]; then
+    grep -E "$1" "$2" | head -n 5
+    echo "dispatch table, sm_90a: $n $3: FAILED"
+    status=1
+  else
+    echo "dispatch table, sm_90a: $4: ok"
+  fi
+}
 kernels=$(grep -c 'Compiling entry function' "$work/table.log" || true)
-if [ "$notes" -ne 0 ]; then
-  grep -E 'C7515|C7519|C7520' "$work/table.log" | head -n 5
-  echo "dispatch table, sm_90a: $notes ptxas C7515 / C7519 / C7520 note(s) in $kernels kernels: FAILED"
-  status=1
-else
-  echo "dispatch table, sm_90a: no ptxas C7515, C7519 or C7520 note in $kernels kernels: ok"
-fi
-odd=$(grep -cE 'LDGSTS[^;]*desc\[UR[0-9]*[13579]\]' "$work/table.sass" || true)
+forbid 'C7515|C7519|C7520' "$work/table.log" "ptxas C7515 / C7519 / C7520 note(s) in $kernels kernels" \
+  "no ptxas C7515, C7519 or C7520 note in $kernels kernels"
 copies=$(grep -c 'LDGSTS\.' "$work/table.sass" || true)
-if [ "$odd" -ne 0 ]; then
-  grep -E 'LDGSTS[^;]*desc\[UR[0-9]*[13579]\]' "$work/table.sass" | head -n 3
-  echo "dispatch table, sm_90a: $odd of $copies LDGSTS name an odd descriptor register: FAILED"
-  status=1
-else
-  echo "dispatch table, sm_90a: every one of $copies LDGSTS names an even descriptor register: ok"
-fi
+forbid 'LDGSTS[^;]*desc\[UR[0-9]*[13579]\]' "$work/table.sass" \
+  "of $copies LDGSTS name an odd descriptor register" \
+  "every one of $copies LDGSTS names an even descriptor register"
 exit $status
