@@ -86,6 +86,15 @@ TEST_CASE("bf16 Q rows over a wide exponent range with fp8 KV", "[gpu]") {
     c.kv_lens = {1, 300, 5000};
     check_case(c);
   }
+  // 16 heads x q_len 8 at 16 requests (32 row tiles): the 64-row keys-as-M kernel, whose
+  // exponent takes the rounded product of score and row scale for such rows.
+  Case c = crash_shape();
+  c.q_row_octaves = 40;
+  c.lse_relative = true;
+  c.seed = 48;
+  c.kv_lens = {0, 5, 1, 64, 65, 777, 2048, 9, 130, 8, 4000, 300, 63, 1000, 17, 2500};
+  REQUIRE(c.kv_lens.size() * 2 >= std::size_t(arch::kFp8CtasMinRowTiles));
+  check_case(c);
 }
 
 // The converting instantiation (kv_any_t) still serves e4m3fn KV when a user names it.

@@ -147,6 +147,53 @@ TEST_CASE("choose_kernel: e4m3fn KV, 16 rows", "[kernel_choice]") {
   }
 }
 
+TEST_CASE("choose_kernel: e4m3fn KV, 32 and 64 rows", "[kernel_choice]") {
+  REQUIRE(arch::kFp8KeysAsMMinRowTiles < arch::kFp8CtasMinRowTiles);
+  // 16 heads x q_len 2 (one 32-row tile per request) and x q_len 8 (two 64-row tiles): the
+  // keys-as-M kernel with the planner launch from kFp8KeysAsMMinRowTiles requests x row tiles
+  // up in every split mode; below, the policy's own kernel, and no probe of a self-planning
+  // keys-as-M form (these policies have none).
+  struct Shape {
+    int q_len, tiles_per_request, policy;
+    Mainloop below;
+  };
+  for (const Shape sh : {Shape{2, 1, 1, Mainloop::warp_mma},
+                         Shape{8, 2, 2, Mainloop::warpgroup_split_o}}) {
+    const int from = arch::kFp8KeysAsMMinRowTiles / sh.tiles_per_request;
+    REQUIRE(from * sh.tiles_per_request == arch::kFp8KeysAsMMinRowTiles);
+    for (SplitMode mode : {SplitMode::automatic, SplitMode::none, SplitMode::fixed}) {
+      INFO("q_len " << sh.q_len << " mode " << int(mode));
+      Probe below;
+      KernelChoice c = choose(args(DType::fp8_e4m3fn, 16, sh.q_len, from - 1, 64, mode), kH100,
+                              below);
+      CHECK(c.policy == sh.policy);
+      CHECK(c.mainloop == sh.below);
+      for (const auto& q : below.asked) CHECK(q.first != Mainloop::keys_as_m);
+      for (int batch : {from, arch::kFp8CtasMinRowTiles, 128}) {
+        Probe p;
+        c = choose(args(DType::fp8_e4m3fn, 16, sh.q_len, batch, 64, mode), kH100, p);
+        REQUIRE_FALSE(p.asked.empty());
+        CHECK(p.asked[0] == std::pair{Mainloop::keys_as_m, false});
+        CHECK(c.mainloop == Mainloop::keys_as_m);
+        CHECK_FALSE(c.self_plan);
+      }
+      // Where the device does not run the sm_90a code, the policy's mma.sync kernel.
+      Probe no;
+      no.answer = false;
+      c = choose(args(DType::fp8_e4m3fn, 16, sh.q_len, from, 64, mode), kH100, no);
+      CHECK(c.mainloop == Mainloop::warp_mma);
+    }
+  }
+  // 16 rows keep the higher threshold: below kFp8CtasMinRowTiles the self-planning form
+  // (automatic mode) or the mma.sync kernel (other modes).
+  Probe fixed;
+  const KernelChoice c = choose(
+      args(DType::fp8_e4m3fn, 16, 1, arch::kFp8KeysAsMMinRowTiles, 64, SplitMode::fixed), kH100,
+      fixed);
+  CHECK(c.mainloop == Mainloop::warp_mma);
+  CHECK(fixed.asked.empty());
+}
+
 TEST_CASE("choose_kernel: KV of the Q type", "[kernel_choice]") {
   Probe yes;
   // 32 rows from kFp8CtasMinRowTiles requests at large pages: the 16-bit keys-as-M form.

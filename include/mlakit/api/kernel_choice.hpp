@@ -31,7 +31,7 @@ inline int policy_rows(const DecodeArgs& a, const DeviceInfo& dev) {
 }
 
 // Requests x row tiles of `a` with policy `policy`: the work measure of the CTA-count and
-// kernel choices that switch at arch::kFp8CtasMinRowTiles.
+// kernel choices that switch at arch::kFp8CtasMinRowTiles and arch::kFp8KeysAsMMinRowTiles.
 inline std::int64_t request_row_tiles(const DecodeArgs& a, int policy) {
   const int rows = arch::kPolicies[policy].rows;
   return std::int64_t(a.batch) * ((a.rows() + rows - 1) / rows);
@@ -166,8 +166,9 @@ struct KernelChoice {
 // Chooses the kernel of instantiation `k` for `a` on `dev`. `usable(mainloop, self_plan, &ok)`
 // (returning a Status) says whether the device runs that sm_90a kernel's code; it is asked
 // only about kernels `k` holds, in order of preference, and its error is returned as is.
-//   keys_as_m: e4m3fn from kFp8CtasMinRowTiles requests x row tiles up (below, in automatic
-//     mode, the self-planning form where the policy has one); KV of the Q type where
+//   keys_as_m: e4m3fn where arch::fp8_keys_as_m() says so (from kFp8KeysAsMMinRowTiles
+//     requests x row tiles up, or from kFp8CtasMinRowTiles where the policy has a
+//     self-planning form, which runs below in automatic mode); KV of the Q type where
 //     arch::direct_keys_as_m() says so.
 //   warpgroup_split_o: otherwise, for a warpgroup policy.
 //   decode_kernel: otherwise, and wherever the device does not run the sm_90a code. It plans
@@ -182,7 +183,7 @@ inline Status choose_kernel(const DecodeArgs& a, const DeviceInfo& dev, const En
   bool keys_as_m = false, keys_as_m_self_plan = false, warpgroup = false;
   if (k.keys_as_m) {
     const std::int64_t tiles = request_row_tiles(a, k.policy);
-    if (k.e4m3fn_operands ? tiles >= arch::kFp8CtasMinRowTiles
+    if (k.e4m3fn_operands ? arch::fp8_keys_as_m(tp, tiles)
                           : arch::direct_keys_as_m(tp, static_cast<int>(tiles), a.page_size)) {
       if (!(s = usable(arch::Mainloop::keys_as_m, false, &keys_as_m))) return s;
     } else if (k.keys_as_m_self_plan && a.split_mode == SplitMode::automatic) {

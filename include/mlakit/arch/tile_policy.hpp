@@ -80,6 +80,20 @@ struct TilePolicy {
 // ones (docs/performance.md, "Constants").
 inline constexpr int kFp8CtasMinRowTiles = 32;
 
+// Requests x row tiles from which e4m3fn KV runs the keys-as-M mainloop on sm_90a in the
+// policies that have no self-planning form of it below kFp8CtasMinRowTiles (32 and 64 rows);
+// below, the policy's own kernel (mma.sync for 32 rows, the warp-specialized tile with its
+// converting producer for 64). With the keys-as-M producers' L2 evict-first hint, 8 to 31 row
+// tiles run 4-28% faster on keys-as-M (docs/performance.md, "Constants").
+inline constexpr int kFp8KeysAsMMinRowTiles = 8;
+
+// Whether e4m3fn KV runs policy `tp`'s keys-as-M mainloop with the planner launch on sm_90a
+// for `row_tiles` requests x row tiles (the 16-row policy below kFp8CtasMinRowTiles runs the
+// self-planning form instead, in automatic split mode).
+constexpr bool fp8_keys_as_m(const TilePolicy& tp, std::int64_t row_tiles) {
+  return row_tiles >= (tp.fp8_self_plan_small ? kFp8CtasMinRowTiles : kFp8KeysAsMMinRowTiles);
+}
+
 #if defined(MLAKIT_PLATFORM_HIP)
 // CDNA (gfx90a / gfx942 / gfx950): the cdna mainloop with one 16-token KV tile of 18 KB in LDS
 // (the compute type, converted once by the workgroup) shared by all rows of the row tile; the
@@ -175,7 +189,7 @@ constexpr TilePolicy nvidia_rows16() {
   return p;
 }
 // 32 rows: 8 warps, 64-token tiles, fp8 KV with three raw stages (108 KB), ~221 KB; e4m3fn KV:
-// four raw 36 KB stages; e4m3fn KV on sm_90a from kFp8CtasMinRowTiles up: the keys-as-M
+// four raw 36 KB stages; e4m3fn KV on sm_90a from kFp8KeysAsMMinRowTiles up: the keys-as-M
 // mainloop (two consumer warpgroups, 384 threads, one CTA per SM), which widens the raw tile
 // in registers and pads no rows.
 constexpr TilePolicy nvidia_rows32() {
@@ -194,7 +208,7 @@ constexpr TilePolicy nvidia_rows32() {
   return p;
 }
 // 64 rows: sm_90a runs the warp-specialized mainloop (decode_split_o_sm90.hpp: 384 threads, Q 72 KB
-// + two 72 KB KV stages + P, 226 KB); e4m3fn KV from kFp8CtasMinRowTiles up: the keys-as-M
+// + two 72 KB KV stages + P, 226 KB); e4m3fn KV from kFp8KeysAsMMinRowTiles up: the keys-as-M
 // mainloop (dims split over two consumer warpgroups, three raw stages), whose raw stages are
 // refilled without waiting for a conversion; the fallback elsewhere (sm_80) is mma.sync with
 // 8 warps and the numbers below.

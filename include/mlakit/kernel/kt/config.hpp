@@ -38,8 +38,9 @@ struct KtConfig<32> {
   static constexpr int kConsumerRegs = 232, kProducerRegs = 40;
   static constexpr bool kSplitDims = false;
   static constexpr int kChunksPerTile = 1;  // a stage holds a whole tile
-  // Not below kFp8CtasMinRowTiles: there it loses on short requests more than it gains on long
-  // ones, which the host cannot tell apart; the mma.sync kernel keeps them (docs/performance.md).
+  // No self-planning form: below kFp8KeysAsMMinRowTiles it loses on short requests more than
+  // it gains on long ones, which the host cannot tell apart; the mma.sync kernel keeps them
+  // (docs/performance.md).
   static constexpr bool kSelfPlanSmall = false;
 };
 // 64 rows: O^T of all 512 dims would take 256 registers per thread, so the two consumer
@@ -53,8 +54,8 @@ struct KtConfig<64> {
   static constexpr int kConsumerRegs = 240, kProducerRegs = 24;
   static constexpr bool kSplitDims = true;
   static constexpr int kChunksPerTile = 1;  // a stage holds a whole tile
-  // Not below kFp8CtasMinRowTiles: slower than the warp-specialized kernel there except on
-  // long requests (docs/performance.md).
+  // No self-planning form: below kFp8KeysAsMMinRowTiles slower than the warp-specialized
+  // kernel except on long requests (docs/performance.md).
   static constexpr bool kSelfPlanSmall = false;
 };
 

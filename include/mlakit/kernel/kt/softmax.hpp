@@ -219,10 +219,14 @@ struct KtSoftmax : KtCommon<Tr, Tc_, KvBytes> {
     if (need_mask) mask_pair_tile(s, kt, wi, g, t);
     publish_pair_max(s, g, t, par);
     arch::named_sync(arch::NamedBarrier::tile_max, kConsumerThreads);
-    const bool moved = hand_over_row_exp(w, wi, g, t, par);
+    bool wide;
+    const bool moved = hand_over_row_exp(w, wi, g, t, par, wide);
     // Row pair (8 q2 + 2 t, + 1) was formed by lane 4 q2 + t.
     const float4* const rx = state.row_exp[4 * w + wi];
-    exponentiate_pair(s, rx, t, l_run);
+    if (wide)
+      exponentiate_pair<true>(s, rx, t, l_run);
+    else
+      exponentiate_pair<false>(s, rx, t, l_run);
     if (moved) rescale_pair(o, rx, t);
   }
   // Keys at or past a row's limit (state.row_limit) to -inf.
@@ -263,8 +267,9 @@ struct KtSoftmax : KtCommon<Tr, Tc_, KvBytes> {
   // rows). Warp 0 of warpgroup 0 writes the max to state.m_run[par] and starts the next
   // pair's state.pair_max[par ^ 1] at it (both were last read before the previous pair's
   // NamedBarrier::tile_p). Returns whether a row of the warp moved its max.
-  __device__ bool hand_over_row_exp(int w, int wi, int g, int t, int par) const {
-    bool lane_moved;
+  // `wide`: whether a row of the warp has |base| >= kWideBase (see exponentiate_pair).
+  __device__ bool hand_over_row_exp(int w, int wi, int g, int t, int par, bool& wide) const {
+    bool lane_moved, lane_wide;
     {
       const int n = owned_row(0, g, t);
       const float2 m_old = *reinterpret_cast<const float2*>(&state.m_run[par ^ 1][n]);
@@ -275,6 +280,7 @@ struct KtSoftmax : KtCommon<Tr, Tc_, KvBytes> {
       state.row_exp[4 * w + wi][lane_id()] =
           make_float4(base.x, base.y, fast_exp2(m_old.x - base.x), fast_exp2(m_old.y - base.y));
       lane_moved = m_new.x != m_old.x || m_new.y != m_old.y;
+      lane_wide = !(fabsf(base.x) < kWideBase && fabsf(base.y) < kWideBase);
       if (w == 0 && wi == 0) {
         *reinterpret_cast<float2*>(&state.m_run[par][n]) = m_new;
         *reinterpret_cast<int2*>(&state.pair_max[par ^ 1][n]) =
@@ -282,11 +288,19 @@ struct KtSoftmax : KtCommon<Tr, Tc_, KvBytes> {
       }
     }
     const bool moved = __any_sync(0xffffffffu, lane_moved);
+    wide = __any_sync(0xffffffffu, lane_wide);
     __syncwarp();  // orders the row_exp stores before the warp's loads
     return moved;
   }
+  // Rows whose scaled running max reaches this magnitude take P from the rounded product.
+  static constexpr float kWideBase = 16777216.0f;  // 2^24
   // P = 2^(s sc - base), l = l alpha + P (alpha = 1 unless the row's max moved), with the
-  // warp's row_exp rx.
+  // warp's row_exp rx. The max (publish_pair_max) is the rounded product max(s) x sc; the fma
+  // s sc - base differs from it by up to half an ulp of base, which stays below 1 while
+  // |base| < kWideBase (P at most 2^(kRescaleSlack + 1)). Rows of Q far outside the f16 range
+  // (scores of 2^31 and more, base 2) would take P = 2^(+-2^30) from it, so a warp with such
+  // a row (`Rounded`) subtracts base from the rounded product instead, as the max was formed.
+  template <bool Rounded>
   __device__ void exponentiate_pair(float (&s)[kS], const float4* rx, int t,
                                     float (&l_run)[kQ]) const {
 #pragma unroll
@@ -299,8 +313,9 @@ struct KtSoftmax : KtCommon<Tr, Tc_, KvBytes> {
         const float sc = e == 0 ? sc2.x : sc2.y;
         // s[i] and o[mb][i] of row q = 2 q2 + e: i = 4 q2 + e + 2 h
         const int i0 = 4 * q2 + e;
-        const float p0 = fast_exp2(fmaf(s[i0], sc, -base));
-        const float p1 = fast_exp2(fmaf(s[i0 + 2], sc, -base));
+        const float p0 = fast_exp2(Rounded ? __fmul_rn(s[i0], sc) - base : fmaf(s[i0], sc, -base));
+        const float p1 =
+            fast_exp2(Rounded ? __fmul_rn(s[i0 + 2], sc) - base : fmaf(s[i0 + 2], sc, -base));
         s[i0] = p0, s[i0 + 2] = p1;
         l_run[2 * q2 + e] = fmaf(l_run[2 * q2 + e], alpha, p0 + p1);
       }
