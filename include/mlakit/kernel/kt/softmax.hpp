@@ -223,10 +223,8 @@ struct KtSoftmax : KtCommon<Tr, Tc_, KvBytes> {
     const bool moved = hand_over_row_exp(w, wi, g, t, par, wide);
     // Row pair (8 q2 + 2 t, + 1) was formed by lane 4 q2 + t.
     const float4* const rx = state.row_exp[4 * w + wi];
-    if (wide)
-      exponentiate_pair<true>(s, rx, t, l_run);
-    else
-      exponentiate_pair<false>(s, rx, t, l_run);
+    if (wide) round_products(s, t);
+    exponentiate_pair(s, rx, t, wide, l_run);
     if (moved) rescale_pair(o, rx, t);
   }
   // Keys at or past a row's limit (state.row_limit) to -inf.
@@ -292,16 +290,31 @@ struct KtSoftmax : KtCommon<Tr, Tc_, KvBytes> {
     __syncwarp();  // orders the row_exp stores before the warp's loads
     return moved;
   }
-  // Rows whose scaled running max reaches this magnitude take P from the rounded product.
+  // s = s sc rounded (a warp with a wide row; exponentiate_pair then takes sc = 1).
+  __device__ void round_products(float (&s)[kS], int t) const {
+#pragma unroll
+    for (int q2 = 0; q2 < kQ / 2; ++q2) {
+      const float2 sc2 = *reinterpret_cast<const float2*>(&state.q_scale[8 * q2 + 2 * t]);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int i0 = 4 * q2 + e;
+        s[i0] = __fmul_rn(s[i0], e == 0 ? sc2.x : sc2.y);
+        s[i0 + 2] = __fmul_rn(s[i0 + 2], e == 0 ? sc2.x : sc2.y);
+      }
+    }
+  }
+  // A warp with a row whose scaled running max reaches this magnitude takes P from the
+  // rounded products.
   static constexpr float kWideBase = 16777216.0f;  // 2^24
   // P = 2^(s sc - base), l = l alpha + P (alpha = 1 unless the row's max moved), with the
   // warp's row_exp rx. The max (publish_pair_max) is the rounded product max(s) x sc; the fma
   // s sc - base differs from it by up to half an ulp of base, which stays below 1 while
   // |base| < kWideBase (P at most 2^(kRescaleSlack + 1)). Rows of Q far outside the f16 range
-  // (scores of 2^31 and more, base 2) would take P = 2^(+-2^30) from it, so a warp with such
-  // a row (`Rounded`) subtracts base from the rounded product instead, as the max was formed.
-  template <bool Rounded>
-  __device__ void exponentiate_pair(float (&s)[kS], const float4* rx, int t,
+  // (scaled scores near 2^40, base 2) would take P = 2^(+-2^16) from it, so a warp with such
+  // a row rounds its products first (round_products) and exponentiates them with sc = 1
+  // (`rounded`), as the max was formed: one exponential loop for both cases, so the loop's
+  // code and registers stay those of the fma form.
+  __device__ void exponentiate_pair(float (&s)[kS], const float4* rx, int t, bool rounded,
                                     float (&l_run)[kQ]) const {
 #pragma unroll
     for (int q2 = 0; q2 < kQ / 2; ++q2) {
@@ -310,12 +323,11 @@ struct KtSoftmax : KtCommon<Tr, Tc_, KvBytes> {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const float base = e == 0 ? x.x : x.y, alpha = e == 0 ? x.z : x.w;
-        const float sc = e == 0 ? sc2.x : sc2.y;
+        const float sc = rounded ? 1.0f : (e == 0 ? sc2.x : sc2.y);
         // s[i] and o[mb][i] of row q = 2 q2 + e: i = 4 q2 + e + 2 h
         const int i0 = 4 * q2 + e;
-        const float p0 = fast_exp2(Rounded ? __fmul_rn(s[i0], sc) - base : fmaf(s[i0], sc, -base));
-        const float p1 =
-            fast_exp2(Rounded ? __fmul_rn(s[i0 + 2], sc) - base : fmaf(s[i0 + 2], sc, -base));
+        const float p0 = fast_exp2(fmaf(s[i0], sc, -base));
+        const float p1 = fast_exp2(fmaf(s[i0 + 2], sc, -base));
         s[i0] = p0, s[i0 + 2] = p1;
         l_run[2 * q2 + e] = fmaf(l_run[2 * q2 + e], alpha, p0 + p1);
       }
