@@ -26,9 +26,8 @@ struct CopyAtomCpAsync {
   }
   // The same, with the lines marked evict-first in L2: for KV tiles, which stream through L2
   // (read by the CTAs of one piece's row tiles and by nothing later), so that they do not
-  // displace the Q rows, page tables and partial results that other CTAs read again. The KV
-  // producers of the split-O and keys-as-M sm_90a kernels use it; Q copies and the mma.sync
-  // kernels do not.
+  // displace the Q rows, page tables and partial results that other CTAs read again. Every
+  // KV copy into shared memory uses it (here or through copy16_stream); Q copies do not.
   // `dst` must be held in a vector register (see `per_thread`): where ptxas 13.0 folds a
   // uniform shared-memory base into a hinted copy (`[R+UR+imm]`), it names a misaligned
   // uniform-register pair as the copy's cache-policy descriptor, and the kernel stops with an
@@ -48,6 +47,16 @@ struct CopyAtomCpAsync {
   __device__ static std::uint32_t per_thread(std::uint32_t uniform_addr) {
     return __shfl_sync(0xffffffffu, uniform_addr, 0);
   }
+  // A KV stage for copy16_stream, formed once per stage by all 32 lanes of each warp (see
+  // per_thread), and a copy of 16 bytes to `offset` bytes into it, evict-first in L2 (zeros
+  // and no read when !valid). The kernels written for both platforms copy KV through these.
+  using StreamBase = std::uint32_t;
+  __device__ static StreamBase stream_base(void* stage) {
+    return per_thread(detail::smem_u32(stage));
+  }
+  __device__ static void copy16_stream(StreamBase base, int offset, const void* src, bool valid) {
+    copy16_evict_first(base + static_cast<std::uint32_t>(offset), src, valid ? 16u : 0u);
+  }
   __device__ static void commit() { asm volatile("cp.async.commit_group;\n" ::); }
   template <int Pending>
   __device__ static void wait() {
@@ -64,6 +73,14 @@ struct CopyAtomSync {
   __device__ static void copy16(void* dst, const void* src, bool valid) {
     uint4 v = valid ? *static_cast<const uint4*>(src) : uint4{0, 0, 0, 0};
     *static_cast<uint4*>(dst) = v;
+  }
+  // No cache hint: the plain copy at a byte offset into the stage.
+  using StreamBase = unsigned char*;
+  __device__ static StreamBase stream_base(void* stage) {
+    return static_cast<unsigned char*>(stage);
+  }
+  __device__ static void copy16_stream(StreamBase base, int offset, const void* src, bool valid) {
+    copy16(base + offset, src, valid);
   }
   __device__ static void commit() {}
   template <int Pending>

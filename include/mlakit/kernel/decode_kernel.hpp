@@ -227,6 +227,13 @@ struct DecodeMainloop : PieceContext<Tr> {
     constexpr bool kSplit = Tr::Problem::kSplitCache;
     const int sub = threadIdx.x % kThreadsPerToken;
     const int row_chunks = kHeadDimQK * kv_bytes / 16;
+    // The stage the copies go to (the register path stores converted values itself).
+    const auto dst = [&] {
+      if constexpr (Tr::kRegisterPath) return typename Copy::StreamBase{};
+      else if constexpr (Tr::kFp8Operands) return Copy::stream_base(sKvRaw(stage));
+      else if constexpr (Tr::kDirect) return Copy::stream_base(sKv(stage));
+      else return Copy::stream_base(sRaw() + stage * (Tr::kKvTile * kHeadDimQK * kv_bytes));
+    }();
 #pragma unroll
     for (int tok = threadIdx.x / kThreadsPerToken; tok < Tr::kKvTile; tok += kTokensPerPass) {
       const int j = kt + tok;
@@ -249,23 +256,21 @@ struct DecodeMainloop : PieceContext<Tr> {
         return src + ch * 16;
       };
       if constexpr (Tr::kFp8Operands) {
-        unsigned char* dst = sKvRaw(stage);
         for (int ch = sub; ch < row_chunks; ch += kThreadsPerToken)
-          Copy::copy16(dst + Tr::RawLayout::chunk_offset(tok, ch), from(ch), valid);
+          Copy::copy16_stream(dst, Tr::RawLayout::chunk_offset(tok, ch), from(ch), valid);
       } else if constexpr (Tr::kDirect) {
-        T* dst = sKv(stage);
         for (int ch = sub; ch < row_chunks; ch += kThreadsPerToken)
-          Copy::copy16(dst + Tr::KvLayout::chunk_offset(tok, ch), from(ch), valid);
+          Copy::copy16_stream(dst, int{sizeof(T)} * Tr::KvLayout::chunk_offset(tok, ch), from(ch),
+                              valid);
       } else if constexpr (Tr::kRegisterPath) {
-        T* dst = sKv(stage);
+        T* cvt = sKv(stage);
         for (int ch = sub; ch < row_chunks; ch += kThreadsPerToken) {
           const uint4 raw = valid ? *reinterpret_cast<const uint4*>(from(ch)) : uint4{0, 0, 0, 0};
-          store_converted<Tr>(kv, raw, dst, tok, ch);
+          store_converted<Tr>(kv, raw, cvt, tok, ch);
         }
       } else {
-        unsigned char* dst = sRaw() + stage * (Tr::kKvTile * kHeadDimQK * kv_bytes);
         for (int ch = sub; ch < row_chunks; ch += kThreadsPerToken)
-          Copy::copy16(dst + tok * kHeadDimQK * kv_bytes + ch * 16, from(ch), valid);
+          Copy::copy16_stream(dst, tok * kHeadDimQK * kv_bytes + ch * 16, from(ch), valid);
       }
     }
   }
