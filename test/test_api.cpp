@@ -321,6 +321,19 @@ TEST_CASE("messages print floats with %g and strides in plain words", "[api]") {
   CHECK(validate(a).is_ok());
   a.softmax_scale = std::numeric_limits<float>::quiet_NaN();
   CHECK(validate(a).message().rfind("softmax_scale = nan:", 0) == 0);
+  // Each scale finite, their product with log2(e) not: the kernels' one factor would be inf.
+  a.softmax_scale = 1e30f;
+  a.kv_scale = 1e30f;
+  CHECK(validate(a).message() ==
+        "softmax_scale x kv_scale = 1e+30 x 1e+30: not in the supported domain (a product below "
+        "2.35866e+38)");
+  a.kv_scale = 1e9f;  // 1e39: above fp32's largest value
+  CHECK(validate(a).message().rfind("softmax_scale x kv_scale = 1e+30 x 1e+09:", 0) == 0);
+  a.kv_scale = 1e8f;  // 1e38 x log2(e) = 1.44e38: finite
+  CHECK(validate(a).is_ok());
+  a.softmax_scale = 1e-30f;  // a product below fp32's range: 0, accepted (uniform weights)
+  a.kv_scale = 1e-30f;
+  CHECK(validate(a).is_ok());
 
   a = valid_args();
   a.lse = reinterpret_cast<float*>(g_bytes + 768);

@@ -638,6 +638,7 @@ TEST_CASE("README: the Supported domain table states every rule validate() enfor
       "4-byte aligned",
       "multiples of 8 (16-bit cache) or 16 (fp8)",
       "finite, > 0",
+      "`softmax_scale x kv_scale x log2(e)`, which must be finite",
       "default 0 is rejected",
       "0 (packed rows) or >= `max_pages_per_request`",
       "not checked at batch <= 1",

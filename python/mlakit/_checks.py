@@ -7,6 +7,7 @@ fake tensors while torch.compile traces. Range checks use the library's message 
 (mlakit::validate) together with the checks that need addresses (alignment).
 """
 import math
+import struct
 
 import torch
 
@@ -57,6 +58,26 @@ def _check_range(name, value, lo, hi):
 def _check_scale(name, value):
     if not isinstance(value, (int, float)) or not math.isfinite(value) or not value > 0:
         raise _domain(name, value, "finite and > 0")
+
+
+_LOG2E = 1.4426950408889634
+
+
+def _f32(x):
+    # x rounded to fp32 (inf beyond its range). Plain Python, so that tracing sees no tensor op.
+    try:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
+
+
+def _check_score_factor(softmax_scale, kv_scale):
+    # The kernels take softmax_scale x kv_scale x log2(e) as one fp32 factor: it must be finite.
+    # Each product of two fp32 values is exact in a double, so rounding it gives fp32's product.
+    f = _f32(_f32(_f32(softmax_scale) * _f32(kv_scale)) * _f32(_LOG2E))
+    if not math.isfinite(f):
+        raise _domain("softmax_scale x kv_scale", f"{softmax_scale} x {kv_scale}",
+                      "a product below about 2.36e38")
 
 
 def _shape(t):
@@ -164,6 +185,7 @@ def check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, o
 
     _check_scale("softmax_scale", softmax_scale)
     _check_scale("kv_scale", kv_scale)
+    _check_score_factor(softmax_scale, kv_scale)
     if not isinstance(causal, bool):
         raise ArgumentError(f"causal = {causal!r}: True or False")
     if split not in SPLIT_MODES:

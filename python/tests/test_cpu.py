@@ -324,6 +324,8 @@ BAD = [
     ("kv_len rows", _set(kv_len=lambda a: a["kv_len"][:1]), r"kv_len has shape \[1\]: expected 2 rows"),
     ("zero scale", _set(softmax_scale=0.0), r"softmax_scale = 0.0: not in the supported domain \(finite and > 0\)"),
     ("nan kv_scale", _set(kv_scale=math.nan), r"kv_scale = nan: not in the supported domain"),
+    ("infinite score factor", _set(softmax_scale=1e30, kv_scale=1e9),
+     r"softmax_scale x kv_scale = 1e\+30 x 1000000000.0: not in the supported domain \(a product below"),
     ("split mode", _set(split_mode="half"), r"split_mode = 'half': not in the supported domain"),
     ("lse format", _set(lse_format="log10"), r"lse_format = 'log10': not in the supported domain"),
     ("plan step", _set(plan_step="reuse"), r"plan_step = 'reuse': not in the supported domain"),

@@ -113,6 +113,10 @@ inline Violations domain_violations(const mlakit::DecodeArgs& a) {
   if (a.page_size < 1 || a.page_size > 256) v.add("page_size");
   if (!finite_positive(a.softmax_scale)) v.add("softmax_scale");
   if (!finite_positive(a.kv_scale)) v.add("kv_scale");
+  // The score factor softmax_scale x kv_scale x log2(e), formed in fp32, finite.
+  if (finite_positive(a.softmax_scale) && finite_positive(a.kv_scale) &&
+      !std::isfinite(a.softmax_scale * a.kv_scale * 1.4426950408889634f))
+    v.add("softmax_scale x kv_scale");
   const int ids = static_cast<int>(a.page_ids);
   if (ids > 1) v.add("page_ids");
   if (static_cast<int>(a.lse_format) > 2) v.add("lse_format");  // natural, +inf empty, base 2
@@ -256,6 +260,8 @@ inline std::string printed_value(const mlakit::DecodeArgs& a, const mlakit::Devi
   if (name == "max_pages_per_request") return to_string(a.max_pages_per_request);
   if (name == "softmax_scale") return float_g(a.softmax_scale);
   if (name == "kv_scale") return float_g(a.kv_scale);
+  if (name == "softmax_scale x kv_scale")
+    return float_g(a.softmax_scale) + " x " + float_g(a.kv_scale);
   if (name == "q") return hex_or_null(a.q);
   if (name == "kv") return hex_or_null(a.kv);
   if (name == "kv_rope") return hex_or_null(a.kv_rope);

@@ -307,7 +307,7 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   if constexpr (Problem::kSplitCache) resolve_rope_part(k.a);
   k.shape = shape;
   k.ws = workspace_view(workspace, wl, rows_padded);
-  k.scale_log2 = a.softmax_scale * a.kv_scale * kLog2e;
+  k.scale_log2 = scale_log2_of(a);
   k.out_scale = a.kv_scale;
   k.self_plan = c.self_plan ? 1 : 0;
 

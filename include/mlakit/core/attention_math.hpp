@@ -12,6 +12,10 @@ namespace mlakit {
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
+// The one factor the kernels apply to the scores (base-2 units): validate() rejects a pair of
+// scales for which it is not finite.
+inline float scale_log2_of(const DecodeArgs& a) { return a.softmax_scale * a.kv_scale * kLog2e; }
+
 // Number of keys query token t (0-based, of q_len) of a request with kv_len cached tokens may
 // see. Causal masking is bottom-right aligned: token t sees keys j <= kv_len - q_len + t.
 // kv_len < q_len leaves the first tokens with no key at all (0), never a negative count.

@@ -7,8 +7,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <string>
 
+#include "attention_math.hpp"
 #include "decode_args.hpp"
 #include "status.hpp"
 
@@ -256,6 +258,13 @@ inline Status validate(const DecodeArgs& a) {
   if (!(s = check_scale("softmax_scale", a.softmax_scale))) return s;
   // kv_scale multiplies every cache element, 16-bit caches included (see DecodeArgs).
   if (!(s = check_scale("kv_scale", a.kv_scale))) return s;
+  // Each finite, their product with log2(e) too: the kernels take it as one fp32 factor, and an
+  // infinite one would give NaN scores. (A product below fp32's range gives 0: every visible
+  // key then weighs the same, as the scores' true values, far below 1, would make them.)
+  if (!std::isfinite(scale_log2_of(a)))
+    return bad_arg("softmax_scale x kv_scale",
+                   format_float(a.softmax_scale) + " x " + format_float(a.kv_scale),
+                   "a product below " + format_float(std::numeric_limits<float>::max() / kLog2e));
   if (a.page_ids != PageIds::block_table && a.page_ids != PageIds::csr)
     return bad_arg("page_ids", std::to_string(int(a.page_ids)), "block_table or csr");
   if (a.lse_format != LseFormat::natural && a.lse_format != LseFormat::natural_empty_is_inf &&
