@@ -60,9 +60,6 @@ def _check_scale(name, value):
         raise _domain(name, value, "finite and > 0")
 
 
-_LOG2E = 1.4426950408889634
-
-
 def _f32(x):
     # x rounded to fp32 (inf beyond its range). Plain Python, so that tracing sees no tensor op.
     try:
@@ -71,11 +68,17 @@ def _f32(x):
         return math.copysign(math.inf, x)
 
 
+_LOG2E_F32 = _f32(math.log2(math.e))
+
+
 def _check_score_factor(softmax_scale, kv_scale):
     # The kernels take softmax_scale x kv_scale x log2(e) as one fp32 factor: it must be finite.
-    # Each product of two fp32 values is exact in a double, so rounding it gives fp32's product.
-    f = _f32(_f32(_f32(softmax_scale) * _f32(kv_scale)) * _f32(_LOG2E))
-    if not math.isfinite(f):
+    # Below 2.3e38 the double product leaves fp32's product finite whatever the rounding (the
+    # bound is 2.36e38), so only calls near it pay for the exact fp32 products (each product of
+    # two fp32 values is exact in a double, so rounding it gives fp32's product).
+    if softmax_scale * kv_scale < 2.3e38:
+        return
+    if not math.isfinite(_f32(_f32(_f32(softmax_scale) * _f32(kv_scale)) * _LOG2E_F32)):
         raise _domain("softmax_scale x kv_scale", f"{softmax_scale} x {kv_scale}",
                       "a product below about 2.36e38")
 
