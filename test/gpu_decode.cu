@@ -97,6 +97,30 @@ TEST_CASE("bf16 Q rows over a wide exponent range with fp8 KV", "[gpu]") {
   check_case(c);
 }
 
+// Scales inside the domain (finite, > 0) whose product with log2(e) underflows to 0 in
+// fp32 (scores all 0: every visible key weighs the same), and rows of Q near the bottom of
+// bf16's range with a small scale (the row scale of the f16 operand mode then near fp32's
+// smallest values), at 16 and 32 requests so that the keys-as-M kernels run, causal (masked
+// tiles).
+TEST_CASE("scales whose product underflows and Q rows at the bottom of bf16's range", "[gpu]") {
+  MLAKIT_REQUIRE_GPU();
+  for (int q_len : {1, 2, 8}) {
+    Case c = crash_shape();
+    c.q_len = q_len;
+    c.softmax_scale = 1e-23f;
+    c.kv_scale = 1e-23f;
+    c.seed = 60 + q_len;
+    c.kv_lens = {0, 5, 1, 64, 65, 777, 2048, 9, 130, 8, 4000, 300, 63, 1000, 17, 2500};
+    check_case(c);
+    c.softmax_scale = 0.07f;
+    c.kv_scale = 1e-9f;  // x 2^-120 (the largest row scale exponent): below fp32's range
+    c.q_row_octaves = 110;
+    c.lse_relative = true;
+    c.seed += 10;
+    check_case(c);
+  }
+}
+
 // The converting instantiation (kv_any_t) still serves e4m3fn KV when a user names it.
 TEST_CASE("kv_any_t instantiation with e4m3fn KV", "[gpu]") {
   MLAKIT_REQUIRE_GPU();

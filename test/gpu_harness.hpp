@@ -174,6 +174,8 @@ struct Case {
   // Measure the LSE error relative to max(1, |lse|) (rows whose scores reach 2^40 carry the
   // f32 rounding of a dot product of that size; an absolute bound would test f32 itself).
   bool lse_relative = false;
+  // Scales given by the case (0: drawn from the seed, as for every other case).
+  float softmax_scale = 0.0f, kv_scale = 0.0f;
   // The rotary values in a cache of their own (DecodeArgs::kv_rope): kv rows of 528 values
   // (the 512 latent ones, then NaN) and rope rows of 80 (the 64 rotary ones, then NaN), each
   // page one row longer than page_size, so no stride equals the joined cache's.
@@ -254,6 +256,8 @@ inline void build(TestProblem& P, const Case& c) {
   a.kv_scale = is_fp8(c.kv_type) ? 0.02f + 0.01f * uni(rng)
                : (c.seed % 2)    ? 0.75f + 0.25f * uni(rng)
                                  : 1.0f;
+  if (c.softmax_scale > 0.0f) a.softmax_scale = c.softmax_scale;
+  if (c.kv_scale > 0.0f) a.kv_scale = c.kv_scale;
   std::vector<int> pages_of(a.batch);
   int max_pages = 1, used_pages = 0;
   for (int b = 0; b < a.batch; ++b) {
