@@ -12,6 +12,11 @@ namespace mlakit {
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
+// The least row scale the kernels use (fp32's smallest positive value): a score factor that
+// underflows to 0 would turn masked scores (-inf) into NaN where the scale is folded into the
+// exponential; at this value every finite score still weighs about 2^0.
+inline constexpr float kMinRowScale = 1.40129846e-45f;
+
 // The one factor the kernels apply to the scores (base-2 units): validate() rejects a pair of
 // scales for which it is not finite.
 inline float scale_log2_of(const DecodeArgs& a) { return a.softmax_scale * a.kv_scale * kLog2e; }

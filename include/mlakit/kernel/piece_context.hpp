@@ -185,7 +185,9 @@ struct PieceContext {
         scale = bits_to_float(std::uint32_t(127 + e) << 23);
       }
     }
-    if (sub == 0) scale_out[r] = factor / scale;
+    // Never 0 (a factor or row below fp32's range): the keys-as-M forms take P as
+    // 2^(s x scale - base) from masked scores s = -inf, and -inf x 0 would be NaN.
+    if (sub == 0) scale_out[r] = fmaxf(factor / scale, kMinRowScale);
     for (int blk = sub; blk < kBlocks; blk += kTpr) {
       float v[16];
       load16(blk, v);

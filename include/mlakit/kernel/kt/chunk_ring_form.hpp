@@ -118,12 +118,12 @@ struct KtChunkRingForm : KtSoftmax<Tr, typename Tr::Tq, 2> {
   // ---- consumer operands -------------------------------------------------------------------
 
   // Q [kRows x 576] -> sQ in the Q type, dims in natural order; every row is scaled by
-  // scale_log2 in the softmax.
+  // scale_log2 in the softmax (at least kMinRowScale, see load_q_scaled).
   __device__ void load_q() const {
     unsigned char* q = tiles.q;
     ctx.template copy_q_tile<kConsumerThreads, kRows>(q);
     for (int n = static_cast<int>(threadIdx.x); n < kRows; n += kConsumerThreads)
-      state.q_scale[n] = ctx.p.scale_log2;
+      state.q_scale[n] = fmaxf(ctx.p.scale_log2, kMinRowScale);
     Copy::commit();
     Copy::template wait<0>();
     arch::fence_proxy_async_smem();
