@@ -507,6 +507,9 @@ struct SplitOMainloop {
     // instead of being hoisted out of the consumer loops (64 registers).
     std::uint32_t q_addr = smem_u32(tiles.q), kv_addr = smem_u32(tiles.kv[Stage]);
     asm volatile("" : "+r"(q_addr), "+r"(kv_addr));
+    // Each descriptor one add to a base (WgmmaDescBase), not built again per wgmma.
+    const arch::WgmmaDescBase dq = arch::WgmmaDescBase::make(q_addr, 16, 1024);
+    const arch::WgmmaDescBase dk = arch::WgmmaDescBase::make(kv_addr, 16, 1024);
 #pragma unroll
     for (int c = C0; c < C1; ++c) {
       pipe.consumer_wait(st, c);
@@ -520,10 +523,9 @@ struct SplitOMainloop {
         const bool acc = !(init && c == C0 && k == 0);
         if (c == 8) {
           const std::uint32_t a[4] = {rq[4 * k], rq[4 * k + 1], rq[4 * k + 2], rq[4 * k + 3]};
-          W::mma_rs_n64(s, a, arch::wgmma_desc(kv_addr + off, 16, 1024), acc);
+          W::mma_rs_n64(s, a, dk.at(off), acc);
         } else {
-          W::mma_ss_n64(s, arch::wgmma_desc(q_addr + off, 16, 1024),
-                        arch::wgmma_desc(kv_addr + off, 16, 1024), acc);
+          W::mma_ss_n64(s, dq.at(off), dk.at(off), acc);
         }
       }
     }
@@ -534,13 +536,13 @@ struct SplitOMainloop {
   __device__ static void issue_pv_regs(float (&o)[128], const std::uint32_t (&pf)[16],
                                        std::uint32_t kv_addr, int wg) {
     asm volatile("" : "+r"(kv_addr));  // descriptors formed here, not hoisted (registers)
+    const arch::WgmmaDescBase dv =
+        arch::WgmmaDescBase::make(kv_addr + 4 * wg * kChunkBytes, kChunkBytes, 1024);
     arch::wgmma_fence();
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const std::uint32_t a[4] = {pf[4 * j], pf[4 * j + 1], pf[4 * j + 2], pf[4 * j + 3]};
-      W::mma_rs_n256_tb(
-          o, a, arch::wgmma_desc(kv_addr + 4 * wg * kChunkBytes + j * 2048, kChunkBytes, 1024),
-          true);
+      W::mma_rs_n256_tb(o, a, dv.at(j * 2048), true);
     }
     arch::wgmma_commit();
   }
@@ -548,12 +550,12 @@ struct SplitOMainloop {
   __device__ static void issue_pv_smem(float (&o)[128], std::uint32_t p_addr,
                                        std::uint32_t kv_addr, int wg) {
     asm volatile("" : "+r"(p_addr), "+r"(kv_addr));  // as in issue_pv_regs
+    const arch::WgmmaDescBase dp = arch::WgmmaDescBase::make(p_addr, 16, 1024);
+    const arch::WgmmaDescBase dv =
+        arch::WgmmaDescBase::make(kv_addr + 4 * wg * kChunkBytes, kChunkBytes, 1024);
     arch::wgmma_fence();
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
-      W::mma_ss_n256_tb(
-          o, arch::wgmma_desc(p_addr + j * 32, 16, 1024),
-          arch::wgmma_desc(kv_addr + 4 * wg * kChunkBytes + j * 2048, kChunkBytes, 1024), true);
+    for (int j = 0; j < 4; ++j) W::mma_ss_n256_tb(o, dp.at(j * 32), dv.at(j * 2048), true);
     arch::wgmma_commit();
   }
 
