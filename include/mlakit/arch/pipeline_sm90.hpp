@@ -129,10 +129,11 @@ struct RingPipeline {
     fence_proxy_async_smem();
   }
   // Consumer: the same wait for a stage that only generic-proxy loads read (ldmatrix,
-  // ld.shared; no wgmma takes it from shared memory): the mbarrier's phase completion orders
-  // the landed copies before them, and no proxy fence is needed. (The fence is a
-  // MEMBAR.ALL.CTA plus FENCE.VIEW.ASYNC.S in sm_90a machine code: it also waits for the
-  // thread's own earlier shared-memory stores and atomics.)
+  // ld.shared; no wgmma takes it from shared memory), or whose writers fenced the async proxy
+  // before they arrived (producer_commit after fence_proxy_async_smem): the mbarrier's phase
+  // completion orders the writes before this thread's reads, and it needs no fence of its
+  // own. (The fence is a MEMBAR.ALL.CTA plus FENCE.VIEW.ASYNC.S in sm_90a machine code: it
+  // also waits for the thread's own earlier shared-memory stores and atomics.)
   __device__ void consumer_wait_generic(const PipelineState<Stages>& ps, int part) const {
     mbar_wait(&st.full[ps.stage()][part], ps.phase());
   }
