@@ -100,8 +100,8 @@ TEST_CASE("bf16 Q rows over a wide exponent range with fp8 KV", "[gpu]") {
 // Scales inside the domain (finite, > 0) whose product with log2(e) underflows to 0 in
 // fp32 (scores all 0: every visible key weighs the same), and rows of Q near the bottom of
 // bf16's range with a small scale (the row scale of the f16 operand mode then near fp32's
-// smallest values), at 16 and 32 requests so that the keys-as-M kernels run, causal (masked
-// tiles).
+// smallest values). 16 requests, causal (masked tiles): at q_len 1, 2 and 8 that is 16 row
+// tiles of 16 and 32 rows and 32 of 64 rows, on the keys-as-M kernels of e4m3fn KV.
 TEST_CASE("scales whose product underflows and Q rows at the bottom of bf16's range", "[gpu]") {
   MLAKIT_REQUIRE_GPU();
   for (int q_len : {1, 2, 8}) {
