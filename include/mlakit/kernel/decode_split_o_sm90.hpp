@@ -494,16 +494,17 @@ struct SplitOMainloop {
   __device__ std::uint32_t sp_a() const { return smem_u32(tiles.p); }
   __device__ std::uint32_t sp_b() const { return smem_u32(tiles.q) + 8 * kChunkBytes; }
 
-  // Waits for chunk c of the stage of `st`. Direct copies (cp.async, arrived on by the copy
-  // unit) are generic-proxy writes that no writer fenced: the consumer fences after its wait.
-  // A converting producer fences its own stores before it arrives (write_converted,
-  // load_convert16), so its consumers only wait.
-  __device__ void wait_chunk(const Pipeline& pipe, const State& st, int c) const {
-    if constexpr (Tr::kDirect) {
-      pipe.consumer_wait(st, c);
-    } else {
-      pipe.consumer_wait_generic(st, c);
-    }
+  // Direct copies (cp.async, arrived on by the copy unit) are generic-proxy writes that no
+  // writer fenced: a consumer fences them for its wgmma reads after the wait (or the named
+  // barrier) that orders them before it. A converting producer fences its own stores before it
+  // arrives (write_converted, load_convert16), so its consumers need no fence.
+  __device__ static void fence_direct_copies() {
+    if constexpr (Tr::kDirect) arch::fence_proxy_async_smem();
+  }
+  // Waits for chunk c of the stage of `st`, ready for wgmma reads.
+  __device__ static void wait_chunk(const Pipeline& pipe, const State& st, int c) {
+    pipe.consumer_wait_generic(st, c);
+    fence_direct_copies();
   }
 
   // Issues chunks [C0, C1) of S = Q K^T (64 rows x 64 keys) for the tile of `st` as one
@@ -712,8 +713,8 @@ struct SplitOMainloop {
       arch::named_arrive(arch::NamedBarrier::p_a, kConsumerThreads);
       if (moved_b) scale_o(o, f);
       arch::named_sync(arch::NamedBarrier::pb_issued, kConsumerThreads);
-      // B-lo was waited for by warpgroup 1 (direct copies: fenced by no writer).
-      if constexpr (Tr::kDirect) arch::fence_proxy_async_smem();
+      // B-lo was waited for by warpgroup 1.
+      fence_direct_copies();
       issue_pv_smem(o, sp_b(), smem_u32(tiles.kv[1]), 0);
       // The next S_A's first half queues behind this P V; B-lo is released when the P V
       // retires. No register of s, o or pf is touched between the waits.
@@ -765,8 +766,8 @@ struct SplitOMainloop {
       if (moved) scale_o(o, f);
       issue_pv_regs(o, pf, smem_u32(tiles.kv[1]), 1);
       arch::named_sync(arch::NamedBarrier::p_a, kConsumerThreads);
-      // A-hi was waited for by warpgroup 0 (direct copies: fenced by no writer).
-      if constexpr (Tr::kDirect) arch::fence_proxy_async_smem();
+      // A-hi was waited for by warpgroup 0.
+      fence_direct_copies();
       issue_pv_smem(o, sp_a(), smem_u32(tiles.kv[0]), 1);
       arch::named_arrive(arch::NamedBarrier::pb_issued, kConsumerThreads);
       arch::wgmma_wait<1>();
