@@ -97,6 +97,34 @@ TEST_CASE("bf16 Q rows over a wide exponent range with fp8 KV", "[gpu]") {
   check_case(c);
 }
 
+// The split-O kernel (64-row tiles of 16-bit KV, and of e4m3fn KV below
+// arch::kFp8CtasMinRowTiles) folds the score factor into its exponential's fma and takes the
+// rounded products in a warp with a row at or beyond kWideBase: rows of Q 2^+-40 around
+// ordinary ones, and scales whose product underflows (factor kMinRowScale), on bf16 and f16 KV
+// with the causal mask in the last tiles.
+TEST_CASE("split-O softmax: wide rows and underflowing scales with 16-bit KV", "[gpu]") {
+  MLAKIT_REQUIRE_GPU();
+  for (DType kv : {DType::bf16, DType::fp16}) {
+    Case c = crash_shape();
+    c.kv_type = kv;
+    c.q_type = kv;
+    c.page_size = 64;
+    c.kv_lens = {1, 300, 5000};
+    c.seed = kv == DType::bf16 ? 80 : 81;
+    if (kv == DType::bf16) {
+      c.q_row_octaves = 40;
+      c.lse_relative = true;
+      check_case(c);
+      c.q_row_octaves = 0;
+      c.lse_relative = false;
+    }
+    c.softmax_scale = 1e-23f;
+    c.kv_scale = 1e-23f;
+    c.seed += 10;
+    check_case(c);
+  }
+}
+
 // Scales inside the domain (finite, > 0) whose product with log2(e) underflows to 0 in
 // fp32 (scores all 0: every visible key weighs the same), and rows of Q near the bottom of
 // bf16's range with a small scale (the row scale of the f16 operand mode then near fp32's

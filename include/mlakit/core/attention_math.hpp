@@ -17,6 +17,12 @@ inline constexpr float kLn2 = 0.6931471805599453f;
 // exponential; at this value every finite score still weighs about 2^0.
 inline constexpr float kMinRowScale = 1.40129846e-45f;
 
+// Where a row's score factor sc is folded into the exponential, 2^(s sc - base) by one fma,
+// the fma differs from the rounded product s sc (of which the row's max was formed) by up to
+// half an ulp of base: below 1 while |base| < kWideBase. Rows at or beyond it (bf16 Q rows far
+// outside f16, scores near 2^40) take the rounded products instead.
+inline constexpr float kWideBase = 16777216.0f;  // 2^24
+
 // The one factor the kernels apply to the scores (base-2 units): validate() rejects a pair of
 // scales for which it is not finite.
 inline float scale_log2_of(const DecodeArgs& a) { return a.softmax_scale * a.kv_scale * kLog2e; }

@@ -574,11 +574,15 @@ struct SplitOMainloop {
 
   // Online softmax of one tile's scores. s[i]: row slot h = (i >> 1) & 1 (rows g, g + 8 of
   // the warp's 16), key 8 (i >> 2) + 2t + (i & 1). The new running max is
-  // lazy_running_max(m_floor, tile max), m_floor (>= m_run) being this warpgroup's running max
-  // or the one the other warpgroup just published. Sets alpha = exp2(m_run - new max), which
-  // rescales the earlier O and l, and returns whether it is not 1 for some row of the thread
-  // (the max moved); scales (and masks) s in place and writes P (compute type) to pf: pf[k]
-  // holds keys of s[2k], s[2k + 1], which is the wgmma A fragment of k-step k / 4.
+  // lazy_running_max(m_floor, tile max x sc), m_floor (>= m_run) being this warpgroup's running
+  // max or the one the other warpgroup just published. Sets alpha = exp2(m_run - new max),
+  // which rescales the earlier O and l, and returns whether it is not 1 for some row of the
+  // thread (the max moved); masks s in place and writes P (compute type) to pf: pf[k] holds
+  // keys of s[2k], s[2k + 1], which is the wgmma A fragment of k-step k / 4.
+  // P = 2^(s sc - base) by one fma per score: the max is the rounded product max(s) x sc (sc >
+  // 0, so it is the largest rounded product), from which the fma differs by at most half an
+  // ulp of base, below 1 while |base| < kWideBase. A warp with a row beyond that (bf16 Q rows
+  // far outside f16) rounds its products first and exponentiates them with factor 1.
   struct Softmax {
     float m_run[2], l_run[2], sc[2];
     int row_limit[2];
@@ -586,38 +590,62 @@ struct SplitOMainloop {
   __device__ static bool softmax(float (&s)[32], int kt, bool need_mask, int t, Softmax& sm,
                                  const float (&m_floor)[2], float (&alpha)[2],
                                  std::uint32_t (&pf)[16]) {
-    float mt[2] = {neg_inf(), neg_inf()};
+    // One branch around the whole mask (taken in a piece's last tile or two): a test per
+    // score would become selects that run in every tile.
+    if (need_mask) {
+      const int lim[2] = {sm.row_limit[0] - kt - 2 * t, sm.row_limit[1] - kt - 2 * t};
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const int h = (i >> 1) & 1;
-      s[i] *= sm.sc[h];
-      if (need_mask) {
-        const int key = kt + 8 * (i >> 2) + 2 * t + (i & 1);
-        if (key >= sm.row_limit[h]) s[i] = neg_inf();
-      }
-      mt[h] = fmaxf(mt[h], s[i]);
+      for (int i = 0; i < 32; ++i)
+        if (8 * (i >> 2) + (i & 1) >= lim[(i >> 1) & 1]) s[i] = neg_inf();
     }
-    float m_use[2], lsum[2] = {0.0f, 0.0f};
-    bool moved = false;
+    // Row maxima as trees (depth 4, not a chain of 16).
+    float mt[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float m8[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) m8[j] = fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]);
+#pragma unroll
+      for (int w = 4; w >= 1; w >>= 1)
+#pragma unroll
+        for (int j = 0; j < w; ++j) m8[j] = fmaxf(m8[j], m8[j + w]);
+      mt[h] = m8[0];
+    }
+    float base[2];
+    bool moved = false, wide = false;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       mt[h] = fmaxf(mt[h], shfl_xor(mt[h], 1));
       mt[h] = fmaxf(mt[h], shfl_xor(mt[h], 2));
-      const float m_new = lazy_running_max(m_floor[h], mt[h]);
-      m_use[h] = exp_base(m_new);
-      alpha[h] = fast_exp2(sm.m_run[h] - m_use[h]);
+      const float m_new = lazy_running_max(m_floor[h], mt[h] * sm.sc[h]);
+      base[h] = exp_base(m_new);
+      alpha[h] = fast_exp2(sm.m_run[h] - base[h]);
       moved = moved || m_new != sm.m_run[h];
+      wide = wide || !(fabsf(base[h]) < kWideBase);
       sm.m_run[h] = m_new;
     }
+    float sc[2] = {sm.sc[0], sm.sc[1]};
+    if (__any_sync(0xffffffffu, wide)) {
 #pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      const int h = k & 1;
-      const float p0 = fast_exp2(s[2 * k] - m_use[h]), p1 = fast_exp2(s[2 * k + 1] - m_use[h]);
-      lsum[h] += p0 + p1;
-      pf[k] = arch::pack2<T>(p0, p1);
+      for (int i = 0; i < 32; ++i) s[i] = __fmul_rn(s[i], sm.sc[(i >> 1) & 1]);
+      sc[0] = sc[1] = 1.0f;
     }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) sm.l_run[h] = sm.l_run[h] * alpha[h] + lsum[h];
+    for (int i = 0; i < 32; ++i) s[i] = fast_exp2(fmaf(s[i], sc[(i >> 1) & 1], -base[(i >> 1) & 1]));
+#pragma unroll
+    for (int k = 0; k < 16; ++k) pf[k] = arch::pack2<T>(s[2 * k], s[2 * k + 1]);
+    // Row sums as trees, as the maxima.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l8[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) l8[j] = s[4 * j + 2 * h] + s[4 * j + 2 * h + 1];
+#pragma unroll
+      for (int w = 4; w >= 1; w >>= 1)
+#pragma unroll
+        for (int j = 0; j < w; ++j) l8[j] += l8[j + w];
+      sm.l_run[h] = fmaf(sm.l_run[h], alpha[h], l8[0]);
+    }
     return moved;
   }
 
@@ -640,16 +668,17 @@ struct SplitOMainloop {
     for (int i = 0; i < 128; ++i) o[i] *= f[(i >> 1) & 1];
   }
 
-  // P (registers) -> a K-major [64 x 64] tile with the 128-byte swizzle at shared address dst.
-  // Row r = 16 wi + g + 8 (k & 1), key 8 (k >> 1) + 2t: unit (k >> 1) ^ g of the row. The
-  // addresses are formed here from opaque values (hoisted, they would hold 16 registers).
-  __device__ static void store_p(const std::uint32_t (&pf)[16], std::uint32_t dst, int wi, int g,
-                                 int t) {
-    std::uint32_t base = dst + (16 * wi + g) * 128 + 4 * t, gx = static_cast<std::uint32_t>(g) << 4;
-    asm volatile("" : "+r"(base), "+r"(gx));
+  // P (registers) -> a K-major [64 x 64] tile with the 128-byte swizzle at shared address dst
+  // (1024-byte aligned). pf[k] is the fragment of the 8 x 8 matrix of rows 16 wi + 8 (k & 1) ..
+  // + 7, keys 8 (k >> 1) .. + 7, so stmatrix .x4 j stores pf[4 j .. 4 j + 3]: lane l addresses
+  // row l & 7 of matrix l >> 3, i.e. row 16 wi + 8 ((l >> 3) & 1) + (l & 7), 16-byte unit
+  // (2 j + (l >> 4)) ^ (l & 7) = 2 j ^ c with c = (l >> 4) ^ (l & 7): address a ^ 32 j.
+  __device__ static void store_p(const std::uint32_t (&pf)[16], std::uint32_t dst, int wi) {
+    const int l = lane_id(), r = l & 7;
+    const std::uint32_t a = dst + (16 * wi + 8 * ((l >> 3) & 1) + r) * 128 + (((l >> 4) ^ r) << 4);
 #pragma unroll
-    for (int k = 0; k < 16; ++k)
-      arch::sts32(base + (k & 1) * 1024 + ((static_cast<std::uint32_t>(k >> 1) << 4) ^ gx), pf[k]);
+    for (int j = 0; j < 4; ++j)
+      arch::stsm_x4(a ^ (32u * j), pf[4 * j], pf[4 * j + 1], pf[4 * j + 2], pf[4 * j + 3]);
   }
 
   __device__ void publish_max(int slot, int wi, int g, int t, const Softmax& sm) const {
@@ -708,7 +737,7 @@ struct SplitOMainloop {
         }
       }
       // Warpgroup 1's P V reading the previous sP_A completed before it published max_b.
-      store_p(pf, sp_a(), wi, g, t);
+      store_p(pf, sp_a(), wi);
       arch::fence_proxy_async_smem();
       arch::named_arrive(arch::NamedBarrier::p_a, kConsumerThreads);
       if (moved_b) scale_o(o, f);
@@ -761,7 +790,7 @@ struct SplitOMainloop {
       publish_max(2 * (pair & 1) + 1, wi, g, t, sm);
       arch::named_arrive(arch::NamedBarrier::max_b, kConsumerThreads);
       // Warpgroup 0's P V reading the previous sP_B completed before it published max_a.
-      store_p(pf, sp_b(), wi, g, t);
+      store_p(pf, sp_b(), wi);
       arch::fence_proxy_async_smem();
       if (moved) scale_o(o, f);
       issue_pv_regs(o, pf, smem_u32(tiles.kv[1]), 1);
@@ -792,7 +821,7 @@ struct SplitOMainloop {
     for (int h = 0; h < 2; ++h) {
       sm.m_run[h] = neg_inf();
       sm.l_run[h] = 0.0f;
-      sm.sc[h] = ctx.p.scale_log2;
+      sm.sc[h] = fmaxf(ctx.p.scale_log2, kMinRowScale);  // > 0: masked scores stay -inf
       const int row = ctx.row0 + 16 * wi + g + 8 * h;
       const int v = visible_keys(L, ctx.q_len, row / ctx.heads, ctx.causal);
       sm.row_limit[h] = v < r.kv_end ? v : r.kv_end;
@@ -806,7 +835,8 @@ struct SplitOMainloop {
       arch::named_sync(arch::NamedBarrier::consumers, kConsumerThreads);  // sQ complete
       if constexpr (Tr::kFp8Operands) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) sm.sc[h] *= state.q_scale[16 * wi + g + 8 * h];
+        for (int h = 0; h < 2; ++h)
+          sm.sc[h] = fmaxf(sm.sc[h] * state.q_scale[16 * wi + g + 8 * h], kMinRowScale);
       }
       std::uint32_t rq[16];
       load_q_rope(rq, wi, g, t);

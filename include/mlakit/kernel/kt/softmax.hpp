@@ -303,9 +303,6 @@ struct KtSoftmax : KtCommon<Tr, Tc_, KvBytes> {
       }
     }
   }
-  // A warp with a row whose scaled running max reaches this magnitude takes P from the
-  // rounded products.
-  static constexpr float kWideBase = 16777216.0f;  // 2^24
   // P = 2^(s sc - base), l = l alpha + P (alpha = 1 unless the row's max moved), with the
   // warp's row_exp rx. The max (publish_pair_max) is the rounded product max(s) x sc; the fma
   // s sc - base differs from it by up to half an ulp of base, which stays below 1 while
