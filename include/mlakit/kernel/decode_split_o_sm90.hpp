@@ -581,8 +581,8 @@ struct SplitOMainloop {
   // keys of s[2k], s[2k + 1], which is the wgmma A fragment of k-step k / 4.
   // P = 2^(s sc - base) by one fma per score: the max is the rounded product max(s) x sc (sc >
   // 0, so it is the largest rounded product), from which the fma differs by at most half an
-  // ulp of base, below 1 while |base| < kWideBase. A warp with a row beyond that (bf16 Q rows
-  // far outside f16) rounds its products first and exponentiates them with factor 1.
+  // ulp of base, below 1 while |base| < kWideBase. A warp with a row at or beyond it (bf16 Q
+  // rows far outside f16) rounds its products first and exponentiates them with factor 1.
   struct Softmax {
     float m_run[2], l_run[2], sc[2];
     int row_limit[2];
@@ -631,7 +631,8 @@ struct SplitOMainloop {
       sc[0] = sc[1] = 1.0f;
     }
 #pragma unroll
-    for (int i = 0; i < 32; ++i) s[i] = fast_exp2(fmaf(s[i], sc[(i >> 1) & 1], -base[(i >> 1) & 1]));
+    for (int i = 0; i < 32; ++i)
+      s[i] = fast_exp2(fmaf(s[i], sc[(i >> 1) & 1], -base[(i >> 1) & 1]));
 #pragma unroll
     for (int k = 0; k < 16; ++k) pf[k] = arch::pack2<T>(s[2 * k], s[2 * k + 1]);
     // Row sums as trees, as the maxima.
