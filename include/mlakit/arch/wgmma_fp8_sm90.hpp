@@ -235,7 +235,7 @@ __device__ __forceinline__ void store_pt_e4m3_kt(const float (&s)[32], float sca
 #pragma unroll
   for (int c = 0; c < 2; ++c) {
     const int row = 8 * (4 * c + (lane >> 3)) + (lane & 7);
-    stsm_x4_trans(dst + sw64_offset(row, 16 * wi), r[4 * c], r[4 * c + 1], r[4 * c + 2],
+    stsm_x4<true>(dst + sw64_offset(row, 16 * wi), r[4 * c], r[4 * c + 1], r[4 * c + 2],
                   r[4 * c + 3]);
   }
 #else

@@ -53,28 +53,21 @@ struct WgmmaDescBase {
 };
 
 // stmatrix .x4: lanes 8 i .. 8 i + 7 address the rows of matrix i in shared memory; register i
-// of lane (g, t) holds elements (g, 2 t) and (g, 2 t + 1) of matrix i (an mma fragment).
+// of lane (g, t) holds elements (g, 2 t) and (g, 2 t + 1) of matrix i (an mma fragment), which
+// land in row g at columns 2 t, 2 t + 1, or with kTrans (.trans) in rows 2 t and 2 t + 1 at
+// column g (the transpose of the fragment).
+template <bool kTrans = false>
 __device__ __forceinline__ void stsm_x4(std::uint32_t addr, std::uint32_t r0, std::uint32_t r1,
                                         std::uint32_t r2, std::uint32_t r3) {
 #if defined(MLAKIT_WGMMA_ENABLED)
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr),
-               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
-               : "memory");
-#else
-  (void)addr, (void)r0, (void)r1, (void)r2, (void)r3;
-#endif
-}
-
-// stmatrix .x4 .trans: lanes 8 i .. 8 i + 7 address the rows of matrix i in shared memory;
-// register i of lane (g, t) holds elements (g, 2 t) and (g, 2 t + 1) of the fragment of matrix
-// i, which land in rows 2 t and 2 t + 1 of it at column g (the transpose of the fragment).
-__device__ __forceinline__ void stsm_x4_trans(std::uint32_t addr, std::uint32_t r0,
-                                              std::uint32_t r1, std::uint32_t r2,
-                                              std::uint32_t r3) {
-#if defined(MLAKIT_WGMMA_ENABLED)
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr),
-               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
-               : "memory");
+  if constexpr (kTrans)
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n"
+                 ::"r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+  else
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr),
+                 "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
 #else
   (void)addr, (void)r0, (void)r1, (void)r2, (void)r3;
 #endif

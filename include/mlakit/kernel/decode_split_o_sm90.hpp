@@ -587,6 +587,19 @@ struct SplitOMainloop {
     float m_run[2], l_run[2], sc[2];
     int row_limit[2];
   };
+  // op over the 16 values of row slot h (s[4 j + 2 h], s[4 j + 2 h + 1]) as a tree: depth 4,
+  // not a chain of 16.
+  template <class Op>
+  __device__ static float row_tree(const float (&s)[32], int h, Op op) {
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = op(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]);
+#pragma unroll
+    for (int w = 4; w >= 1; w >>= 1)
+#pragma unroll
+      for (int j = 0; j < w; ++j) v[j] = op(v[j], v[j + w]);
+    return v[0];
+  }
   __device__ static bool softmax(float (&s)[32], int kt, bool need_mask, int t, Softmax& sm,
                                  const float (&m_floor)[2], float (&alpha)[2],
                                  std::uint32_t (&pf)[16]) {
@@ -598,19 +611,8 @@ struct SplitOMainloop {
       for (int i = 0; i < 32; ++i)
         if (8 * (i >> 2) + (i & 1) >= lim[(i >> 1) & 1]) s[i] = neg_inf();
     }
-    // Row maxima as trees (depth 4, not a chain of 16).
-    float mt[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float m8[8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) m8[j] = fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]);
-#pragma unroll
-      for (int w = 4; w >= 1; w >>= 1)
-#pragma unroll
-        for (int j = 0; j < w; ++j) m8[j] = fmaxf(m8[j], m8[j + w]);
-      mt[h] = m8[0];
-    }
+    const auto max2 = [](float a, float b) { return fmaxf(a, b); };
+    float mt[2] = {row_tree(s, 0, max2), row_tree(s, 1, max2)};
     float base[2];
     bool moved = false, wide = false;
 #pragma unroll
@@ -635,18 +637,9 @@ struct SplitOMainloop {
       s[i] = fast_exp2(fmaf(s[i], sc[(i >> 1) & 1], -base[(i >> 1) & 1]));
 #pragma unroll
     for (int k = 0; k < 16; ++k) pf[k] = arch::pack2<T>(s[2 * k], s[2 * k + 1]);
-    // Row sums as trees, as the maxima.
+    const auto add2 = [](float a, float b) { return a + b; };
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float l8[8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) l8[j] = s[4 * j + 2 * h] + s[4 * j + 2 * h + 1];
-#pragma unroll
-      for (int w = 4; w >= 1; w >>= 1)
-#pragma unroll
-        for (int j = 0; j < w; ++j) l8[j] += l8[j + w];
-      sm.l_run[h] = fmaf(sm.l_run[h], alpha[h], l8[0]);
-    }
+    for (int h = 0; h < 2; ++h) sm.l_run[h] = fmaf(sm.l_run[h], alpha[h], row_tree(s, h, add2));
     return moved;
   }
 

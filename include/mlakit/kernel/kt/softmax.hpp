@@ -190,7 +190,7 @@ struct KtSoftmax : KtCommon<Tr, Tc_, KvBytes> {
         const int i = 4 * (2 * k + (m4 >> 1)) + 2 * (m4 & 1);
         v[m4] = arch::pack2<Tc>(s[i], s[i + 1]);
       }
-      arch::stsm_x4_trans(base + 16 * 128 * k, v[0], v[1], v[2], v[3]);
+      arch::stsm_x4<true>(base + 16 * 128 * k, v[0], v[1], v[2], v[3]);
     }
   }
 
