@@ -8,7 +8,7 @@
 //     of 64 tokens into a ring of two stages [64 x 576] in the compute type (128-byte swizzle),
 //     one 64-column chunk at a time, each chunk signalled by its own mbarrier. A stage is
 //     refilled in two halves, released separately: "lo" = chunks 0-3 (V columns 0..255) and
-//     "hi" = chunks 4-8, in the order the consumers release them: A-lo, B-hi, A-hi, B-lo.
+//     "hi" = chunks 4-8, in the order the consumers release them: A-lo, A-hi, B-hi, B-lo.
 //     16-bit KV of the compute type: cp.async straight into the stage. fp8 KV: cp.async of a
 //     half's raw bytes into the top of that half, converted in place chunk by chunk
 //     (converted chunk c only overwrites raw chunks <= c) while the next half's raw copies are
@@ -24,22 +24,27 @@
 //
 //        warpgroup 0                               warpgroup 1
 //        S_A (waited)                              S_B, chunks 4-8 then 0-3 (waited)
-//        softmax A, O *= alpha; publish m_A  -->   softmax B against m_A, O *= alpha beta
-//        O += P_A V_A (RS); release A-lo           publish m_B  -->  P_B -> sP_B
-//        <-- m_B: P_A beta -> sP_A, O *= beta      O += P_B V_B (RS)
-//                           sP_A published  -->    O += sP_A V_A (SS); both P V in flight
-//        <-- sP_B, P V issued: O += sP_B V_B (SS)  release B-hi, then A-hi as they retire
+//        softmax A, O *= alpha; P_A -> sP_A
+//        publish m_A, sP_A  -->                    O *= alpha (m_A); O += sP_A V_A (SS)
+//        O += P_A V_A (RS); release A-lo           softmax B against m_A (both P V of A
+//                                                  in flight); release A-hi when it retires
+//        <-- m_B, sP_B: O *= beta                  publish m_B, P_B -> sP_B; O *= beta
+//        O += sP_B V_B (SS)                        O += P_B V_B (RS); release B-hi
 //        S_A' chunks 0-3 queued behind it;          S_B' of the next pair
 //        release B-lo when it retires; S_A' 4-8
 //
-//     Each warpgroup's softmax runs while the other has matrix work queued (warpgroup 0's
-//     while S_B finishes, warpgroup 1's behind P_A V_A), only the running max crosses before
-//     the matrix work resumes, and P_A is sent already scaled to the pair's max so warpgroup
-//     1 rescales O once per pair. Each stage half has one releasing warpgroup (the other
-//     warpgroup's reads of it are ordered before the release through max_a / max_b), and
-//     every hand-over is a one-way named barrier (NamedBarrier: max_a, max_b, p_a,
-//     pb_issued). The running max is one value per row shared by both warpgroups, so they
-//     scale O and l identically.
+//     Each warpgroup's softmax runs while matrix work is queued (warpgroup 0's while S_B
+//     finishes, warpgroup 1's behind both P V of A), and P_A crosses with the running max,
+//     relative to it, so that warpgroup 1's P V of A (the last read of A-hi) is issued before
+//     its own softmax: both halves of stage A are released in the middle of the pair, which
+//     gives their refill (the next S_A's operands) half a pair more than if A-hi waited for
+//     the pair's end. Warpgroup 1 rescales O for m_A and for m_B, each only where that max
+//     moved (the lazy running max makes both rare). Each stage half has one releasing
+//     warpgroup (the other warpgroup's reads of it are ordered before the release through
+//     max_a / max_b), and every hand-over is a one-way named barrier (NamedBarrier: max_a
+//     carries m_A and sP_A, max_b carries m_B and sP_B and says that sP_A was read). The
+//     running max is one value per row shared by both warpgroups, so they scale O and l
+//     identically.
 // A piece with an odd number of tiles gets one extra tile of zero-filled tokens, all masked.
 #include <cstdint>
 #include <type_traits>
@@ -184,7 +189,7 @@ struct SplitOMainloop {
   };
 
   // Tiles come in pairs (A in stage 0, B in stage 1), and the halves of a pair are refilled
-  // in the order the consumers release them: A-lo, B-hi, A-hi, B-lo (consume_a / consume_b).
+  // in the order the consumers release them: A-lo, A-hi, B-hi, B-lo (consume_a / consume_b).
   // fp8 KV: each half's raw copies are issued as soon as it is released and converted while
   // the next half's copies are in flight. kSplit (a separate rotary cache): chunk 8 comes from
   // the rotary rows.
@@ -220,10 +225,10 @@ struct SplitOMainloop {
       const auto in_release_order = [&](auto&& fill) {
         pipe.producer_acquire(sa, kLo);
         fill(stage_a, da, sa, Half<0, 4>{});
-        pipe.producer_acquire(sb, kHi);
-        fill(stage_b, db, sb, Half<4, 9>{});
         pipe.producer_acquire(sa, kHi);
         fill(stage_a, da, sa, Half<4, 9>{});
+        pipe.producer_acquire(sb, kHi);
+        fill(stage_b, db, sb, Half<4, 9>{});
         pipe.producer_acquire(sb, kLo);
         fill(stage_b, db, sb, Half<0, 4>{});
       };
@@ -234,18 +239,18 @@ struct SplitOMainloop {
       } else if (ctx.kv_bytes == 1) {
         pipe.producer_acquire(sa, kLo);
         copy_raw<kSplit, 0, 4>(stage_a, da, tid);
-        pipe.producer_acquire(sb, kHi);
-        copy_raw<kSplit, 4, 9>(stage_b, db, tid);
-        Copy::template wait<1>();
-        convert_fp8<0, 4>(stage_a, pipe, sa, tid);
         pipe.producer_acquire(sa, kHi);
         copy_raw<kSplit, 4, 9>(stage_a, da, tid);
         Copy::template wait<1>();
-        convert_fp8<4, 9>(stage_b, pipe, sb, tid);
+        convert_fp8<0, 4>(stage_a, pipe, sa, tid);
+        pipe.producer_acquire(sb, kHi);
+        copy_raw<kSplit, 4, 9>(stage_b, db, tid);
+        Copy::template wait<1>();
+        convert_fp8<4, 9>(stage_a, pipe, sa, tid);
         pipe.producer_acquire(sb, kLo);
         copy_raw<kSplit, 0, 4>(stage_b, db, tid);
         Copy::template wait<1>();
-        convert_fp8<4, 9>(stage_a, pipe, sa, tid);
+        convert_fp8<4, 9>(stage_b, pipe, sb, tid);
         Copy::template wait<0>();
         convert_fp8<0, 4>(stage_b, pipe, sb, tid);
       } else {
@@ -687,9 +692,9 @@ struct SplitOMainloop {
   }
 
   // The pair schedule is pictured in the header. One running max per row is shared: A's is
-  // published by warpgroup 0 (max_a), the pair's (after B) by warpgroup 1 (max_b). At the
-  // start of a pair both warpgroups hold their tile's S, and O and l of both are relative to
-  // the max after the previous pair.
+  // published by warpgroup 0 with P_A (max_a), the pair's (after B) by warpgroup 1 with P_B
+  // (max_b). At the start of a pair both warpgroups hold their tile's S, and O and l of both
+  // are relative to the max after the previous pair.
 
   // Warpgroup 0: S and softmax of tile A of every pair, P V of both tiles (columns 0..255).
   __device__ void consume_a(const Range& r, State& st, int mask_from, Softmax& sm, float (&o)[128],
@@ -709,7 +714,10 @@ struct SplitOMainloop {
       const float m_floor[2] = {sm.m_run[0], sm.m_run[1]};
       const bool moved_a = softmax(s, kt_a, kt_a + 64 > mask_from, t, sm, m_floor, f, pf);
       publish_max(2 * (pair & 1), wi, g, t, sm);
-      arch::named_arrive(arch::NamedBarrier::max_a, kConsumerThreads);
+      // Warpgroup 1's P V reading the previous sP_A retired before it published max_b.
+      store_p(pf, sp_a(), wi);
+      arch::fence_proxy_async_smem();
+      arch::named_arrive(arch::NamedBarrier::max_a, kConsumerThreads);  // m_A and sP_A
       if (moved_a) scale_o(o, f);
       issue_pv_regs(o, pf, smem_u32(tiles.kv[0]), 0);
       arch::wgmma_wait<0>();
@@ -719,24 +727,8 @@ struct SplitOMainloop {
       arch::named_sync(arch::NamedBarrier::max_b, kConsumerThreads);
       float mb[2];
       read_max(2 * (pair & 1) + 1, wi, g, mb);
-      const bool moved_b = adopt_max(sm, mb, f);
-      // P_A rescaled to the pair's max: warpgroup 1 adds it to an O that is relative to it.
-      // (From the packed P: keeping P in fp32 across the P V would hold 32 more registers.)
-      if (moved_b) {
-#pragma unroll
-        for (int k = 0; k < 16; ++k) {
-          float lo, hi;
-          arch::unpack2<T>(pf[k], lo, hi);
-          pf[k] = arch::pack2<T>(lo * f[k & 1], hi * f[k & 1]);
-        }
-      }
-      // Warpgroup 1's P V reading the previous sP_A completed before it published max_b.
-      store_p(pf, sp_a(), wi);
-      arch::fence_proxy_async_smem();
-      arch::named_arrive(arch::NamedBarrier::p_a, kConsumerThreads);
-      if (moved_b) scale_o(o, f);
-      arch::named_sync(arch::NamedBarrier::pb_issued, kConsumerThreads);
-      // B-lo was waited for by warpgroup 1.
+      if (adopt_max(sm, mb, f)) scale_o(o, f);
+      // sP_B was written before max_b; B-lo was waited for by warpgroup 1.
       fence_direct_copies();
       issue_pv_smem(o, sp_b(), smem_u32(tiles.kv[1]), 0);
       // The next S_A's first half queues behind this P V; B-lo is released when the P V
@@ -780,25 +772,28 @@ struct SplitOMainloop {
       arch::named_sync(arch::NamedBarrier::max_a, kConsumerThreads);
       float ma[2];
       read_max(2 * (pair & 1), wi, g, ma);
-      const bool moved = softmax(s, kt_b, kt_b + 64 > mask_from, t, sm, ma, f, pf);
-      publish_max(2 * (pair & 1) + 1, wi, g, t, sm);
-      arch::named_arrive(arch::NamedBarrier::max_b, kConsumerThreads);
-      // Warpgroup 0's P V reading the previous sP_B completed before it published max_a.
-      store_p(pf, sp_b(), wi);
-      arch::fence_proxy_async_smem();
-      if (moved) scale_o(o, f);
-      issue_pv_regs(o, pf, smem_u32(tiles.kv[1]), 1);
-      arch::named_sync(arch::NamedBarrier::p_a, kConsumerThreads);
-      // A-hi was waited for by warpgroup 0.
+      // O and l to A's max, to which P_A is relative (f is 1 unless the max moved).
+      if (adopt_max(sm, ma, f)) scale_o(o, f);
+      // sP_A was written before max_a; A-hi was waited for by warpgroup 0.
       fence_direct_copies();
       issue_pv_smem(o, sp_a(), smem_u32(tiles.kv[0]), 1);
-      arch::named_arrive(arch::NamedBarrier::pb_issued, kConsumerThreads);
-      arch::wgmma_wait<1>();
-      pipe.consumer_release(st_b, kHi);  // S_B and P V of B were the reads of B-hi
+      // B's softmax runs while both warpgroups' P V of A are in flight; it touches no register
+      // of o.
+      const bool moved = softmax(s, kt_b, kt_b + 64 > mask_from, t, sm, ma, f, pf);
+      arch::wgmma_wait<0>();
+      arch::fence_operand(o);
+      pipe.consumer_release(st_a, kHi);  // warpgroup 0's S_A read A-hi before max_a
+      publish_max(2 * (pair & 1) + 1, wi, g, t, sm);
+      // Warpgroup 0's P V reading the previous sP_B retired before it published max_a.
+      store_p(pf, sp_b(), wi);
+      arch::fence_proxy_async_smem();
+      arch::named_arrive(arch::NamedBarrier::max_b, kConsumerThreads);  // m_B, sP_B; sP_A read
+      if (moved) scale_o(o, f);
+      issue_pv_regs(o, pf, smem_u32(tiles.kv[1]), 1);
       arch::wgmma_wait<0>();
       arch::fence_operand(o);
       arch::fence_operand(pf);
-      pipe.consumer_release(st_a, kHi);  // warpgroup 0's S_A read A-hi before max_a
+      pipe.consumer_release(st_b, kHi);  // S_B and P V of B were the reads of B-hi
     }
   }
 
