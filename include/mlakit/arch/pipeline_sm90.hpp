@@ -149,11 +149,11 @@ struct RingPipeline {
 // Hardware barrier ids of the warp-specialized mainloop (0 is __syncthreads).
 enum class NamedBarrier : int {
   consumers = 1,  // both consumer warpgroups (Q loaded, epilogue exchange, piece boundary)
-  max_a = 2,      // warpgroup 0 published the running max after the even tile of a pair
-  max_b = 3,      // warpgroup 1 published the running max after the odd tile
+  max_a = 2,      // warpgroup 0 published the running max and P of the even tile of a pair
+  max_b = 3,      // warpgroup 1 published them for the odd tile
   producer = 4,   // the producer warpgroup (in-place fp8 conversion steps)
-  p_a = 5,        // warpgroup 0 published P of the even tile (scaled to the pair's max)
-  pb_issued = 6,  // warpgroup 1 published P of the odd tile and issued both its P V
+  pa_read = 5,    // warpgroup 1's P V reading P of the even tile retired
+  // 6 is unused.
   // The keys-as-M mainloop (decode_kt_sm90.hpp), per consumer warpgroup (0, 1):
   tile_max = 7,    // every warp of warpgroup 0 published its tile maxima of the rows
   tile_p = 8,      // every warp of warpgroup 0 wrote its keys of P

@@ -714,7 +714,7 @@ struct SplitOMainloop {
       const float m_floor[2] = {sm.m_run[0], sm.m_run[1]};
       const bool moved_a = softmax(s, kt_a, kt_a + 64 > mask_from, t, sm, m_floor, f, pf);
       publish_max(2 * (pair & 1), wi, g, t, sm);
-      // Warpgroup 1's P V reading the previous sP_A retired before it published max_b.
+      // Warpgroup 1's P V reading the previous sP_A retired before pa_read.
       store_p(pf, sp_a(), wi);
       arch::fence_proxy_async_smem();
       arch::named_arrive(arch::NamedBarrier::max_a, kConsumerThreads);  // m_A and sP_A
@@ -746,6 +746,8 @@ struct SplitOMainloop {
       arch::wgmma_wait<0>();
       arch::fence_operand(s);
       arch::fence_operand(o);
+      // Warpgroup 1's P V reading sP_A retired: the next P_A may be stored.
+      arch::named_sync(arch::NamedBarrier::pa_read, kConsumerThreads);
     }
   }
 
@@ -780,14 +782,15 @@ struct SplitOMainloop {
       // B's softmax runs while both warpgroups' P V of A are in flight; it touches no register
       // of o.
       const bool moved = softmax(s, kt_b, kt_b + 64 > mask_from, t, sm, ma, f, pf);
-      arch::wgmma_wait<0>();
-      arch::fence_operand(o);
-      pipe.consumer_release(st_a, kHi);  // warpgroup 0's S_A read A-hi before max_a
       publish_max(2 * (pair & 1) + 1, wi, g, t, sm);
       // Warpgroup 0's P V reading the previous sP_B retired before it published max_a.
       store_p(pf, sp_b(), wi);
       arch::fence_proxy_async_smem();
-      arch::named_arrive(arch::NamedBarrier::max_b, kConsumerThreads);  // m_B, sP_B; sP_A read
+      arch::named_arrive(arch::NamedBarrier::max_b, kConsumerThreads);  // m_B and sP_B
+      arch::wgmma_wait<0>();
+      arch::fence_operand(o);
+      pipe.consumer_release(st_a, kHi);  // warpgroup 0's S_A read A-hi before max_a
+      arch::named_arrive(arch::NamedBarrier::pa_read, kConsumerThreads);
       if (moved) scale_o(o, f);
       issue_pv_regs(o, pf, smem_u32(tiles.kv[1]), 1);
       arch::wgmma_wait<0>();
