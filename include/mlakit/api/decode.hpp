@@ -310,6 +310,7 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   k.scale_log2 = scale_log2_of(a);
   k.out_scale = a.kv_scale;
   k.self_plan = c.self_plan ? 1 : 0;
+  k.page = IndexDivider::make(a.page_size);  // validated: 1..kMaxPageSize
 
   // Everything that can fail without a GPU fault has been checked above, but for the plan a
   // decode_only call reads: the last planner enqueued into the workspace must have had this

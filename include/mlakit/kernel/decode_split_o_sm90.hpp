@@ -45,7 +45,8 @@
 //     carries m_A and sP_A, max_b carries m_B and sP_B and says that sP_A was read). The
 //     running max is one value per row shared by both warpgroups, so they scale O and l
 //     identically.
-// A piece with an odd number of tiles gets one extra tile of zero-filled tokens, all masked.
+// A piece with an odd number of tiles gets one extra tile, all masked; the producer copies
+// the piece's last token into the token slots past its end (SplitOMainloop::token).
 #include <cstdint>
 #include <type_traits>
 
@@ -155,31 +156,35 @@ struct SplitOMainloop {
   __device__ int token_of(int tid, int k) const {
     return raw_fp8() ? tid / 4 + 32 * k : tid / 8 + 16 * k;
   }
-  // Issues the loads of the page ids of this thread's tokens of the tile at kt (tokens past
-  // the piece read the page of its last token, which exists; their copies zero-fill).
+  // The token of this thread's k-th copy of the tile at kt, clamped to the piece's last
+  // token `last`: tokens past the piece read that token's row, which the tile holds anyway,
+  // instead of zero-filling (their scores are masked, so their P is 0, as for any masked key
+  // of the piece; the row is the request's, never an unused page's).
+  __device__ int token(int kt, int last, int tid, int k) const {
+    return min(kt + token_of(tid, k), last);
+  }
+  // Issues the loads of the page ids of this thread's tokens of the tile at kt.
   __device__ void fetch_pages(const std::int32_t* table, int kt, int last, int tid,
                               int (&id)[4]) const {
     const int n = tokens_per_thread();
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      if (k < n) {
-        const int j = min(kt + token_of(tid, k), last);
-        id[k] = __ldg(table + j / ctx.p.a.page_size);
-      }
+      if (k < n) id[k] = __ldg(table + ctx.p.page.div(token(kt, last, tid, k)));
     }
   }
   // Latent and (kSplit: a separate cache's) rotary row addresses of this thread's tokens of
-  // the tile at kt; nullptr past the piece.
+  // the tile at kt.
   template <bool kSplit>
-  __device__ void rows_of(int kt, int kv_end, int tid, const int (&id)[4],
+  __device__ void rows_of(int kt, int last, int tid, const int (&id)[4],
                           const unsigned char* (&src)[4], const unsigned char* (&rope)[4]) const {
     const int n = tokens_per_thread();
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const int j = kt + token_of(tid, k);
-      const bool valid = k < n && j < kv_end;
-      src[k] = valid ? ctx.page_row(id[k], j % ctx.p.a.page_size) : nullptr;
-      if constexpr (kSplit) rope[k] = valid ? ctx.rope_row(id[k], j % ctx.p.a.page_size) : nullptr;
+      const int j = token(kt, last, tid, k);
+      const int in_page = ctx.p.page.mod(j, ctx.p.page.div(j));
+      const unsigned char* unused = static_cast<const unsigned char*>(ctx.p.a.kv);
+      src[k] = k < n ? ctx.page_row(id[k], in_page) : unused;
+      if constexpr (kSplit) rope[k] = k < n ? ctx.rope_row(id[k], in_page) : unused;
     }
   }
 
@@ -206,9 +211,9 @@ struct SplitOMainloop {
     for (int pair = 0; pair < r.n_pairs; ++pair) {
       const int kt = r.kv_begin + 128 * pair;
       const unsigned char *src[4], *rope[4];
-      rows_of<kSplit>(kt, r.kv_end, tid, id_a, src, rope);
+      rows_of<kSplit>(kt, last, tid, id_a, src, rope);
       const Rows<kSplit> da = thread_rows<kSplit>(src, rope, tid);
-      rows_of<kSplit>(kt + 64, r.kv_end, tid, id_b, src, rope);
+      rows_of<kSplit>(kt + 64, last, tid, id_b, src, rope);
       const Rows<kSplit> db = thread_rows<kSplit>(src, rope, tid);
       if (pair + 1 < r.n_pairs) {  // in flight while waiting
         fetch_pages(table, kt + 128, last, tid, id_a);
@@ -263,11 +268,10 @@ struct SplitOMainloop {
 
   // A thread's source addresses for the tile: its 16-byte column of each of its tokens, in
   // the latent row (all nine chunks of a joined cache; chunks 0-7 with a separate rotary
-  // cache) and in the rotary row (kSplit: chunk 8); a valid address also past the piece,
-  // where the copies read nothing and zero-fill.
+  // cache) and in the rotary row (kSplit: chunk 8). (Only the first tokens_per_thread() are
+  // copied.)
   struct ThreadRows {
     const unsigned char* src[4];
-    std::uint32_t bytes[4];  // 16, or 0 past the piece
   };
   struct SplitRows : ThreadRows {
     const unsigned char* rope[4];
@@ -281,11 +285,8 @@ struct SplitOMainloop {
     Rows<kSplit> d;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const bool valid = src[k] != nullptr;
-      d.src[k] = (valid ? src[k] : static_cast<const unsigned char*>(ctx.p.a.kv)) + col;
-      if constexpr (kSplit)
-        d.rope[k] = (valid ? rope[k] : static_cast<const unsigned char*>(ctx.p.a.kv)) + col;
-      d.bytes[k] = valid ? 16u : 0u;
+      d.src[k] = src[k] + col;
+      if constexpr (kSplit) d.rope[k] = rope[k] + col;
     }
     return d;
   }
@@ -316,7 +317,7 @@ struct SplitOMainloop {
 #pragma unroll
       for (int k = 0; k < 4; ++k)
         Copy::copy16_evict_first(dst + c * kChunkBytes + k * 2048, chunk_src<kSplit>(d, k, c, 128),
-                                 d.bytes[k]);
+                                 16u);
       pipe.producer_commit_cp_async(st, c);
     }
   }
@@ -333,7 +334,7 @@ struct SplitOMainloop {
 #pragma unroll
       for (int c = C0; c < C1; ++c)
         Copy::copy16_evict_first(raw + (c - C0) * 4096 + pass * 2048,
-                                 chunk_src<kSplit>(d, pass, c, 64), d.bytes[pass]);
+                                 chunk_src<kSplit>(d, pass, c, 64), 16u);
     }
     Copy::commit();
   }
@@ -448,9 +449,7 @@ struct SplitOMainloop {
       for (int k = 0; k < 4; ++k) {
         const int tok = tid / 8 + 16 * k;
         // d.src[k] and d.rope[k] already point at this thread's 16-byte column.
-        const uint4 raw = d.bytes[k] != 0u
-                              ? __ldg(reinterpret_cast<const uint4*>(chunk_src<kSplit>(d, k, c, 128)))
-                              : uint4{0, 0, 0, 0};
+        const uint4 raw = __ldg(reinterpret_cast<const uint4*>(chunk_src<kSplit>(d, k, c, 128)));
         *reinterpret_cast<uint4*>(stage + Tile::unit_offset(tok, unit)) =
             arch::convert_16x8<T>(ctx.kv, raw);
       }

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "../core/decode_args.hpp"
+#include "../core/index_divider.hpp"
 #include "../core/plan.hpp"
 
 namespace mlakit::detail {
@@ -63,6 +64,7 @@ struct KernelArgs {
   float scale_log2;  // softmax_scale * kv_scale * log2(e): S in base-2 units
   float out_scale;   // kv_scale, applied to P V once at the end
   int self_plan = 0;  // 1: the decode kernel computes the plan itself (no planner launch)
+  IndexDivider page;  // division by a.page_size (the Hopper producers' page of a token)
 };
 
 }  // namespace mlakit::detail

@@ -121,7 +121,7 @@ struct KtCommon {
 #pragma unroll
     for (int k = 0; k < kTok; ++k) {
       const int j = min(kt + pl / 4 + kTokStride * k, last);
-      id[k] = __ldg(table + j / ctx.p.a.page_size);
+      id[k] = __ldg(table + ctx.p.page.div(j));
     }
   }
   // The sources of the lane's first copy of each of its tokens (lane row r0, unit sub) of the
@@ -137,9 +137,9 @@ struct KtCommon {
     for (int k = 0; k < kTok; ++k) {
       const int j = kt + r0 + kTokStride * k;
       const bool valid = j < r.kv_end;
-      src[k] = (valid ? ctx.page_row(id[k], j % ctx.p.a.page_size) : kv) + 16 * sub;
-      if constexpr (kSplit)
-        rope[k] = (valid ? ctx.rope_row(id[k], j % ctx.p.a.page_size) : kv) + 16 * sub;
+      const int in_page = ctx.p.page.mod(j, ctx.p.page.div(j));
+      src[k] = (valid ? ctx.page_row(id[k], in_page) : kv) + 16 * sub;
+      if constexpr (kSplit) rope[k] = (valid ? ctx.rope_row(id[k], in_page) : kv) + 16 * sub;
       bytes[k] = valid ? 16u : 0u;
     }
   }
