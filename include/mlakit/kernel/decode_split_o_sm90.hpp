@@ -27,11 +27,13 @@
 //        softmax A, O *= alpha; P_A -> sP_A
 //        publish m_A, sP_A  -->                    O *= alpha (m_A); O += sP_A V_A (SS)
 //        O += P_A V_A (RS); release A-lo           softmax B against m_A (both P V of A
-//                                                  in flight); release A-hi when it retires
-//        <-- m_B, sP_B: O *= beta                  publish m_B, P_B -> sP_B; O *= beta
-//        O += sP_B V_B (SS)                        O += P_B V_B (RS); release B-hi
-//        S_A' chunks 0-3 queued behind it;          S_B' of the next pair
-//        release B-lo when it retires; S_A' 4-8
+//                                                  in flight)
+//        <-- m_B, sP_B: O *= beta                  publish m_B, P_B -> sP_B; when the P V
+//                                                  of A retires: release A-hi, pa_read
+//        O += sP_B V_B (SS)                        O *= beta; O += P_B V_B (RS);
+//        S_A' chunks 0-3 queued behind it;          release B-hi; S_B' of the next pair
+//        release B-lo when it retires; S_A' 4-8;
+//        <-- pa_read (sP_A free)
 //
 //     Each warpgroup's softmax runs while matrix work is queued (warpgroup 0's while S_B
 //     finishes, warpgroup 1's behind both P V of A), and P_A crosses with the running max,
@@ -42,7 +44,7 @@
 //     moved (the lazy running max makes both rare). Each stage half has one releasing
 //     warpgroup (the other warpgroup's reads of it are ordered before the release through
 //     max_a / max_b), and every hand-over is a one-way named barrier (NamedBarrier: max_a
-//     carries m_A and sP_A, max_b carries m_B and sP_B and says that sP_A was read). The
+//     carries m_A and sP_A, max_b m_B and sP_B, pa_read says sP_A may be rewritten). The
 //     running max is one value per row shared by both warpgroups, so they scale O and l
 //     identically.
 // A piece with an odd number of tiles gets one extra tile, all masked; the producer copies
