@@ -22,7 +22,7 @@
 //       and take pairs of tiles: warpgroup w computes S^T of tile 2 j + w, the pair's row
 //       maxima meet in shared memory (atomicMax, NamedBarrier::tile_max), each stores its P,
 //       and after NamedBarrier::tile_p each multiplies both tiles' P by its half of V. Three
-//       raw stages; an odd tile count is padded with a masked tile of zeros (consume_pairs()).
+//       raw stages; an odd tile count is padded with a masked tile (consume_pairs()).
 //   16-bit KV of the Q type (kt/chunk_ring_form.hpp): both products read the tile in shared
 //     memory (wgmma SS), on a ring of 64-dim chunks (a tile takes nine positions). 16 rows:
 //     two consumer warpgroups on alternate tiles; 32 rows: one consumer warpgroup.

@@ -74,8 +74,7 @@ struct KtChunkRingForm : KtSoftmax<Tr, typename Tr::Tq, 2> {
     for (int i = 0; i < r.n_tiles; ++i) {
       const int kt = r.kv_begin + 64 * i;
       const unsigned char *src[kTok], *rope[kTok] = {};
-      std::uint32_t bytes[kTok];
-      this->template token_sources<kSplit>(r, kt, r0, sub, id, src, rope, bytes);
+      this->template token_sources<kSplit>(r, kt, r0, sub, id, src, rope);
       if (i + 1 < r.n_tiles) this->fetch_pages(table, kt + 64, last, pl, id);  // in flight
       const std::uint32_t ring = smem_u32(tiles.kv[0]);
       const auto acquire = [&](int c) {  // the slot of chunk c, once released; its address
@@ -88,7 +87,7 @@ struct KtChunkRingForm : KtSoftmax<Tr, typename Tr::Tq, 2> {
         for (int e = 0; e < 2; ++e)
           Copy::copy16_evict_first(slot + (e ? dst1 : dst0) + k * kTokStride * 128,
                                    this->template copy_src<kSplit>(src[k], rope[k], 2 * c + e),
-                                   bytes[k]);
+                                   16u);
       };
       if constexpr (Cfg::kRowCopies) {
         // All nine slots first, then each token row whole (18 copies in address order).

@@ -79,7 +79,7 @@ struct KtCommon {
   struct Range {
     int kv_begin, kv_end;  // tokens [kv_begin, kv_end) the piece reads (after causal clip)
     int n_tiles;           // 64-token tiles (64 rows: an even count, the last one may be
-                           // past kv_end, copied as zeros and masked)
+                           // past kv_end, every token masked)
   };
   __device__ Range range(const RequestPlan& rq, const Piece& pc) const {
     const int last_row = (ctx.row0 + kRows < ctx.rows ? ctx.row0 + kRows : ctx.rows) - 1;
@@ -125,22 +125,20 @@ struct KtCommon {
     }
   }
   // The sources of the lane's first copy of each of its tokens (lane row r0, unit sub) of the
-  // tile at kt, in the latent row (src) and (kSplit: a separate cache's) rotary row (rope), and
-  // the bytes it copies: 0 past the range's end (the copy fills zeros).
+  // tile at kt, in the latent row (src) and (kSplit: a separate cache's) rotary row (rope).
+  // Tokens past the range's end read the range's last token instead of zero-filling (their
+  // scores are masked, so their P is 0, as for any masked key of the range; the row is the
+  // request's, never an unused page's), so every copy is a full 16 bytes.
   template <bool kSplit>
   __device__ void token_sources(const Range& r, int kt, int r0, int sub, const int (&id)[kTok],
                                 const unsigned char* (&src)[kTok],
-                                const unsigned char* (&rope)[kTok],
-                                std::uint32_t (&bytes)[kTok]) const {
-    const unsigned char* kv = static_cast<const unsigned char*>(ctx.p.a.kv);
+                                const unsigned char* (&rope)[kTok]) const {
 #pragma unroll
     for (int k = 0; k < kTok; ++k) {
-      const int j = kt + r0 + kTokStride * k;
-      const bool valid = j < r.kv_end;
+      const int j = min(kt + r0 + kTokStride * k, r.kv_end - 1);
       const int in_page = ctx.p.page.mod(j, ctx.p.page.div(j));
-      src[k] = (valid ? ctx.page_row(id[k], in_page) : kv) + 16 * sub;
-      if constexpr (kSplit) rope[k] = (valid ? ctx.rope_row(id[k], in_page) : kv) + 16 * sub;
-      bytes[k] = valid ? 16u : 0u;
+      src[k] = ctx.page_row(id[k], in_page) + 16 * sub;
+      if constexpr (kSplit) rope[k] = ctx.rope_row(id[k], in_page) + 16 * sub;
     }
   }
   // The source of copy u (bytes [64 u, 64 u + 64) of the token's 576 values) from the lane's

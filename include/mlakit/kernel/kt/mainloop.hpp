@@ -167,7 +167,7 @@ struct KtMainloopOf : Form {
   // ---- 64 rows: the two warpgroups split the dims and work on pairs of tiles -------------
 
   // One piece, 64 rows: pair j is tiles A = 2 j and B = 2 j + 1 (range() pads an odd count
-  // with a tile of zeros, masked). Warpgroup w: S^T of tile 2 j + w -> row maxima
+  // with a tile past the range, masked). Warpgroup w: S^T of tile 2 j + w -> row maxima
   // (NamedBarrier::tile_max, both warpgroups) -> P of its tile into sP[w], O^T *= alpha
   // (NamedBarrier::tile_p) -> P V of A and B for its 256 dims. Every warp of both warpgroups
   // releases each stage of the pair. The form takes whole tiles per stage (tile_kv() waits for

@@ -74,7 +74,8 @@ struct KtRawFp8Form : KtSoftmax<Tr, fp16_t, 1> {
 
   // ---- producer ------------------------------------------------------------------------------
   // Tile i of the range into ring stage st (a stage per tile): each lane's tokens are copied
-  // whole (kCopies units of 16 bytes), rows past the range's end as zeros.
+  // whole (kCopies units of 16 bytes); rows past the range's end repeat its last token
+  // (token_sources).
   __device__ void produce(const Range& r, State& st) const {
     constexpr bool kSplit = Tr::Problem::kSplitCache;  // rotary chunks from kv_rope
     if (r.n_tiles == 0) return;
@@ -90,8 +91,7 @@ struct KtRawFp8Form : KtSoftmax<Tr, fp16_t, 1> {
     for (int i = 0; i < r.n_tiles; ++i) {
       const int kt = r.kv_begin + 64 * i;
       const unsigned char *src[kTok], *rope[kTok] = {};
-      std::uint32_t bytes[kTok];
-      this->template token_sources<kSplit>(r, kt, r0, sub, id, src, rope, bytes);
+      this->template token_sources<kSplit>(r, kt, r0, sub, id, src, rope);
       if (i + 1 < r.n_tiles) this->fetch_pages(table, kt + 64, last, pl, id);  // in flight
       pipe.producer_acquire(st, 0);
       const std::uint32_t dst = Copy::per_thread(smem_u32(tiles.kv[st.stage()])) + dst0;
@@ -100,8 +100,7 @@ struct KtRawFp8Form : KtSoftmax<Tr, fp16_t, 1> {
 #pragma unroll
         for (int c = 0; c < kCopies; ++c)
           Copy::copy16_evict_first(dst + k * kTokStride * kHeadDimQK + 64 * c,
-                                   this->template copy_src<kSplit>(src[k], rope[k], c),
-                                   bytes[k]);
+                                   this->template copy_src<kSplit>(src[k], rope[k], c), 16u);
       }
       pipe.producer_commit_cp_async(st, 0);
       st.advance();
