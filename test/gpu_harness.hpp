@@ -183,6 +183,7 @@ struct Case {
   // A joined cache with rows of 592 values (the 576, then NaN) and pages one row longer than
   // page_size: KV strides other than the packed ones (split_cache, if set, takes precedence).
   bool padded_cache = false;
+  Compute compute = Compute::standard;
 
   std::string name() const {
     std::string s = std::string(dtype_name(q_type)) + "/" + dtype_name(kv_type) + " h" +
@@ -191,7 +192,8 @@ struct Case {
                     (ids == PageIds::csr ? " csr" : " bt") + " split" + std::to_string(int(split)) +
                     "/" + std::to_string(num_splits) +
                     (lse ? " lse" + std::to_string(int(lse_format)) : "") +
-                    (split_cache ? " kv_rope" : "") + (padded_cache ? " padded" : "") + " lens";
+                    (split_cache ? " kv_rope" : "") + (padded_cache ? " padded" : "") +
+                    (compute == Compute::fp8_matrix ? " fp8_matrix" : "") + " lens";
     for (std::size_t i = 0; i < kv_lens.size() && i < 6; ++i) s += " " + std::to_string(kv_lens[i]);
     if (kv_lens.size() > 6) s += " ...(" + std::to_string(kv_lens.size()) + ")";
     return s;
@@ -251,6 +253,7 @@ inline void build(TestProblem& P, const Case& c) {
   a.page_ids = c.ids;
   a.split_mode = c.split;
   a.num_splits = c.num_splits;
+  a.compute = c.compute;
   a.softmax_scale = 1.0f / std::sqrt(192.0f) * (0.8f + 0.4f * (uni(rng) + 1.0f) / 2.0f);
   // kv_scale applies to every cache type: odd seeds give 16-bit caches a scale in [0.5, 1).
   a.kv_scale = is_fp8(c.kv_type) ? 0.02f + 0.01f * uni(rng)

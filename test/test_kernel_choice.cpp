@@ -336,3 +336,39 @@ TEST_CASE("plan_shape_of: pair steps and piece weights for the 64-row Hopper ker
   CHECK(s16.tile_step == 1);
   CHECK(s16.partials_per_tile == 0);
 }
+
+TEST_CASE("choose_kernel: Compute::fp8_matrix runs the 64-row keys-as-M kernel or nothing",
+          "[kernel_choice]") {
+  for (auto [heads, q_len] : {std::pair{16, 1}, {16, 2}, {12, 3}, {16, 4}, {16, 8}, {128, 1}})
+    for (int batch : {1, 8, 31, 32, 128, 300})
+      for (int page : {1, 64})
+        for (SplitMode mode : {SplitMode::automatic, SplitMode::none, SplitMode::fixed}) {
+          DecodeArgs a = args(DType::fp8_e4m3fn, heads, q_len, batch, page, mode);
+          a.compute = Compute::fp8_matrix;
+          INFO("rows " << a.rows() << " batch " << batch << " page " << page << " mode "
+                       << int(mode));
+          CHECK(detail::policy_index(a, kH100) == arch::kMatrixPolicy);
+          CHECK(arch::kPolicies[arch::kMatrixPolicy].rows == 64);
+          Probe yes;
+          const KernelChoice c = choose(a, kH100, yes);
+          REQUIRE(yes.asked.size() == 1);
+          CHECK(yes.asked[0] == std::pair{Mainloop::keys_as_m, false});
+          CHECK(c.mainloop == Mainloop::keys_as_m);
+          CHECK_FALSE(c.self_plan);
+          CHECK(c.ctas_per_sm == 1);
+          // Its plan fits the workspace sized for the shape (which reads no dtype or mode).
+          const PlanShape s = detail::plan_shape_of(a, kH100, c);
+          CHECK(s.tile_step == 2);
+          CHECK(std::size_t(detail::workspace_layout(s, s.row_tiles * 64).bytes) <=
+                workspace_bytes(a, kH100));
+          // A device without the sm_90a code: not_supported, naming the mode and the device.
+          Probe no;
+          no.answer = false;
+          KernelChoice d;
+          const Status st = choose_kernel(
+              a, kA100, detail::entry_kernels(arch::kMatrixPolicy, EntryKv::e4m3fn), no, &d);
+          CHECK(st.code() == StatusCode::not_supported);
+          CHECK(st.message().rfind("compute = fp8_matrix", 0) == 0);
+          CHECK(st.message().find("80") != std::string::npos);
+        }
+}

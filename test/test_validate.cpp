@@ -84,6 +84,17 @@ std::vector<BadCase> bad_cases() {
       {"q_type invalid", [](A a) { a.q_type = DType(7); }, "q_type", "7", "bf16 or fp16"},
       {"kv_type invalid", [](A a) { a.kv_type = DType(7); }, "kv_type", "7", "fp8_e4m3fnuz"},
       {"kv_type 4", [](A a) { a.kv_type = DType(4); }, "kv_type", "4"},
+      {"compute 7", [](A a) { a.compute = Compute(7); }, "compute", "7", "standard or fp8_matrix"},
+      {"compute fp8_matrix with a bf16 cache", [](A a) { a.compute = Compute::fp8_matrix; },
+       "compute", "fp8_matrix", "an fp8_e4m3fn cache (kv_type is bf16"},
+      {"compute fp8_matrix with an e4m3fnuz cache",
+       [](A a) {
+         a.kv_type = DType::fp8_e4m3fnuz;
+         a.kv_scale = 0.02f;
+         a.kv_stride_token = 576;
+         a.compute = Compute::fp8_matrix;
+       },
+       "compute", "fp8_matrix", "(kv_type is fp8_e4m3fnuz"},
       {"batch -1", [](A a) { a.batch = -1; }, "batch", "-1"},
       {"batch 65536", [](A a) { a.batch = 65536; }, "batch", "65536", "0..65535"},
       {"fixed, batch x num_splits past the grid",

@@ -209,7 +209,7 @@ int main() {
   std::printf("%-72s %-30s %6s %4s %10s %10s\n", "arithmetic", "data", "kv_len", "seed",
               "rel L2 O", "max |dLSE|");
   for (int data = 0; data < 3; ++data)
-    for (int len : {64, 1024, 4096})
+    for (int len : {64, 1024, 4096, 32768})
       for (int seed = 0; seed < 2; ++seed) {
         std::mt19937_64 rng(std::uint64_t(1000 * data + 10 * seed + len));
         std::normal_distribution<double> nd(0.0, 1.0);
@@ -255,7 +255,9 @@ int main() {
         }
         const DeviceBuffer dq(q), dkv(kv), dout(kRows * kHalf * sizeof(float)),
             dlse(kRows * sizeof(float));
-        {  // decode(): bf16 Q and output, the same e4m3fn cache bytes
+        // decode(): bf16 Q and output, the same e4m3fn cache bytes, with each arithmetic the
+        // library has (the mode's own kernel: Compute::fp8_matrix).
+        for (mlakit::Compute compute : {mlakit::Compute::standard, mlakit::Compute::fp8_matrix}) {
           std::vector<std::uint16_t> qb(q.size());
           for (std::size_t i = 0; i < q.size(); ++i) qb[i] = mlakit::encode_bf16(q[i]);
           const int pages = len / 64;
@@ -282,6 +284,7 @@ int main() {
           args.out = dob.ptr;
           args.lse = dl.as<float>();
           args.softmax_scale = float(kScale);
+          args.compute = compute;
           mlakit::DeviceInfo dev;
           if (!mlakit::query_device(&dev)) return 1;
           const std::size_t ws = mlakit::workspace_bytes(args, dev);
@@ -305,9 +308,13 @@ int main() {
             }
             dlse = std::max(dlse, std::fabs(double(lb[r]) - ref_lse[r]));
           }
-          std::printf("%-72s %-30s %6d %4d %10.3e %10.3e\n", "decode(): 16-bit compute (the library)",
+          std::printf("%-72s %-30s %6d %4d %10.3e %10.3e\n",
+                      compute == mlakit::Compute::standard
+                          ? "decode(): 16-bit compute (the library)"
+                          : "decode(): Compute::fp8_matrix (the library's matrix mode)",
                       data_names[data], len, seed, std::sqrt(num / den), dlse);
         }
+        if (len > 4096) continue;  // the one-warpgroup kernels below: up to 4096 keys
         for (const Arith& a : ariths) {
           double num = 0, den = 0, dl = 0;
           for (int half = 0; half < 2; ++half) {

@@ -92,13 +92,28 @@ inline Status backend_status() {
                   "no GPU backend: mlakit was compiled without CUDA or HIP (see README)");
   return Status::ok();
 }
+// not_supported for Compute::fp8_matrix in a build without sm_90a kernels (AMD); where they
+// exist, the launch checks that the device runs them.
+inline Status compute_status(const DecodeArgs& a) {
+#if !defined(MLAKIT_HAS_SM90A_KERNELS)
+  if (a.compute == Compute::fp8_matrix)
+    return Status(StatusCode::not_supported,
+                  "compute = fp8_matrix: e4m3 tensor-core kernels exist for NVIDIA sm_90a only, "
+                  "and this build has none; Compute::standard serves every device");
+#endif
+  (void)a;
+  return Status::ok();
+}
 }  // namespace detail
 
-// Ok when decode(a) would run: the arguments are in the domain and a GPU backend exists.
+// Ok when decode(a) would run: the arguments are in the domain and a GPU backend exists (and,
+// for Compute::fp8_matrix, the build has its kernels; whether the device runs them is known
+// at the launch).
 inline Status supported(const DecodeArgs& a) {
   Status s = validate(a);
-  if (!s) return s;
-  return detail::backend_status();
+  if (s) s = detail::backend_status();
+  if (s) s = detail::compute_status(a);
+  return s;
 }
 
 #if defined(MLAKIT_HAS_GPU_BACKEND)
@@ -207,7 +222,7 @@ inline Status sm90a_usable(arch::Mainloop mainloop, bool self_plan, const Device
       if (mainloop == arch::Mainloop::keys_as_m) return keys_as_m_usable<Tr, true>(dev, usable);
     }
   }
-  if constexpr (Tr::kWarpgroupPolicy) {
+  if constexpr (Tr::kWarpgroupPolicy && !Tr::kFp8Matrix) {
     if (mainloop == arch::Mainloop::warpgroup_split_o) return warpgroup_usable<Tr>(dev, usable);
   }
   return Status::ok();
@@ -216,7 +231,7 @@ inline Status sm90a_usable(arch::Mainloop mainloop, bool self_plan, const Device
 // Launches the sm_90a kernel `c` chose for instantiation Tr.
 template <class Tr>
 inline Status launch_sm90a(const KernelChoice& c, dim3 grid, const KernelArgs& k, Stream stream) {
-  if constexpr (Tr::kWarpgroupPolicy) {
+  if constexpr (Tr::kWarpgroupPolicy && !Tr::kFp8Matrix) {
     if (c.mainloop == arch::Mainloop::warpgroup_split_o)
       return launch_kernel("decode_kernel_split_o", decode_kernel_split_o<Tr>, grid,
                            dim3(SplitOMainloop<Tr>::kThreads), sizeof(SplitOSharedStorage), stream,
@@ -287,8 +302,14 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   // decode_kernel, or for a policy whose e4m3fn path loads page ids a tile ahead for small
   // pages only, its second form (same shared memory, grid and plan; for every other
   // instantiation TrAhead is Tr itself).
+  // (The fp8 matrix mode has no such kernel: choose_kernel() picks its keys-as-M kernel or
+  // fails.)
   using TrAhead = DecodeTraits<Problem, PolicyIndex, Tr::kIdsAheadByPage>;
-  void (*mma_kernel)(KernelArgs) = c.ids_ahead ? decode_kernel<TrAhead> : decode_kernel<Tr>;
+  void (*mma_kernel)(KernelArgs) = nullptr;
+  if constexpr (!Tr::kFp8Matrix)
+    mma_kernel = c.ids_ahead ? decode_kernel<TrAhead> : decode_kernel<Tr>;
+  if (own_kernel && mma_kernel == nullptr)
+    return Status(StatusCode::not_supported, "no kernel of this instantiation runs here");
   if (own_kernel) {
     if (Tr::kSmemBytes > dev.max_smem_optin)
       return Status(StatusCode::not_supported,
@@ -396,7 +417,14 @@ struct Decode {
       return detail::bad_arg("kv_rope", "non-null",
                              "this instantiation reads 576-value kv rows: a separate rotary "
                              "cache needs Problem<..., CacheForm::split>");
-    return Status::ok();
+    if (a.compute != Problem::kCompute)
+      return detail::bad_arg(
+          "compute", a.compute == Compute::fp8_matrix ? "fp8_matrix" : "standard",
+          Problem::kCompute == Compute::fp8_matrix
+              ? "this instantiation computes with Compute::fp8_matrix"
+              : "this instantiation computes with Compute::standard (fp8_matrix needs "
+                "Problem<..., Compute::fp8_matrix>)");
+    return detail::compute_status(a);
   }
 
   // Launches on the current device; `stream` must belong to it (README: "Devices, threads
@@ -437,7 +465,13 @@ struct Decode {
     Status s = validate_device(dev);
     if (s) s = detail::check_launch_device(dev, workspace, stream);
     if (!s) return s;
-    if constexpr (Problem::kRows > 0) {
+    if constexpr (Problem::kCompute == Compute::fp8_matrix) {
+      if (a.compute != Compute::fp8_matrix)
+        return detail::bad_arg("compute", "standard",
+                               "this instantiation computes with Compute::fp8_matrix");
+      return detail::launch_instance<Problem, arch::kMatrixPolicy>(a, dev, workspace,
+                                                                    workspace_size, stream);
+    } else if constexpr (Problem::kRows > 0) {
       // Only the policies these rows can get (policy_index_for: it depends on the device, and
       // on sm_90 on the batch and the page size, through thresholds only, so batch 1 and the
       // largest batch at page 1 and at kKtDirectMinPage get every other one).

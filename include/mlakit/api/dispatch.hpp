@@ -49,6 +49,14 @@ using SplitFp16E4m3fn = WithCacheForm<TableFp16E4m3fn, CacheForm::split>;
 using SplitBf16E4m3fnuz = WithCacheForm<TableBf16E4m3fnuz, CacheForm::split>;
 using SplitFp16E4m3fnuz = WithCacheForm<TableFp16E4m3fnuz, CacheForm::split>;
 
+// Compute::fp8_matrix (sm_90a builds only): one 64-row kernel per Q type and cache form.
+template <class QType, CacheForm F>
+using Matrix = Problem<QType, fp8_e4m3fn_t, 0, 0, Causal::dynamic, F, Compute::fp8_matrix>;
+using MatrixBf16 = Matrix<bf16_t, CacheForm::joined>;
+using MatrixFp16 = Matrix<fp16_t, CacheForm::joined>;
+using SplitMatrixBf16 = Matrix<bf16_t, CacheForm::split>;
+using SplitMatrixFp16 = Matrix<fp16_t, CacheForm::split>;
+
 // One entry of the dispatch table. launch() is defined below the class, so it is not an inline
 // function and an `extern template` declaration does suppress its implicit instantiation.
 template <class P>
@@ -82,10 +90,17 @@ Status DispatchEntry<P>::launch(const DecodeArgs& a, const DeviceInfo& dev, void
 #define MLAKIT_DETAIL_FP8_ENTRIES(X) \
   X(TableBf16E4m3fn) X(TableFp16E4m3fn) X(SplitBf16E4m3fn) X(SplitFp16E4m3fn)
 #endif
+#if defined(MLAKIT_HAS_SM90A_KERNELS)
+#define MLAKIT_DETAIL_MATRIX_ENTRIES(X) \
+  X(MatrixBf16) X(MatrixFp16) X(SplitMatrixBf16) X(SplitMatrixFp16)
+#else
+#define MLAKIT_DETAIL_MATRIX_ENTRIES(X)
+#endif
 #define MLAKIT_DETAIL_DISPATCH_ENTRIES(X)                                                     \
   MLAKIT_DETAIL_HOT_ENTRIES(X)                                                                \
   X(TableBf16Bf16) X(TableBf16Any) X(TableFp16Fp16) X(TableFp16Any) X(SplitBf16Bf16)          \
-  X(SplitBf16Any) X(SplitFp16Fp16) X(SplitFp16Any) MLAKIT_DETAIL_FP8_ENTRIES(X)
+  X(SplitBf16Any) X(SplitFp16Fp16) X(SplitFp16Any) MLAKIT_DETAIL_FP8_ENTRIES(X)               \
+  MLAKIT_DETAIL_MATRIX_ENTRIES(X)
 
 #if defined(MLAKIT_EXTERN_DISPATCH)
 namespace detail {
@@ -131,8 +146,25 @@ inline Status launch_table(const DecodeArgs& a, const DeviceInfo& dev, void* ws,
   return DispatchEntry<WithCacheForm<TableFp16Any, F>>::launch(a, dev, ws, bytes, stream);
 }
 
+#if defined(MLAKIT_HAS_SM90A_KERNELS)
+// Compute::fp8_matrix (validated: e4m3fn KV): the matrix entry of the call's Q type and cache
+// form.
+inline Status launch_matrix(const DecodeArgs& a, const DeviceInfo& dev, void* ws,
+                            std::size_t bytes, Stream stream) {
+  const bool bf16 = a.q_type == DType::bf16;
+  if (a.kv_rope != nullptr)
+    return bf16 ? DispatchEntry<SplitMatrixBf16>::launch(a, dev, ws, bytes, stream)
+                : DispatchEntry<SplitMatrixFp16>::launch(a, dev, ws, bytes, stream);
+  return bf16 ? DispatchEntry<MatrixBf16>::launch(a, dev, ws, bytes, stream)
+              : DispatchEntry<MatrixFp16>::launch(a, dev, ws, bytes, stream);
+}
+#endif
+
 inline Status dispatch(const DecodeArgs& a, const DeviceInfo& dev, void* ws, std::size_t bytes,
                        Stream stream) {
+#if defined(MLAKIT_HAS_SM90A_KERNELS)
+  if (a.compute == Compute::fp8_matrix) return launch_matrix(a, dev, ws, bytes, stream);
+#endif
   if (a.kv_rope != nullptr) return launch_table<CacheForm::split>(a, dev, ws, bytes, stream);
 #if !defined(MLAKIT_NO_HOT_SHAPES)
   if (a.q_type == DType::bf16 && a.num_heads == 16 && a.causal &&
@@ -169,6 +201,7 @@ inline Status decode(const DecodeArgs& a, void* workspace, std::size_t workspace
   Status s = validate(a);
   if (s) s = detail::check_workspace_pointer(workspace, workspace_size);
   if (s) s = detail::backend_status();  // supported(a), validated once
+  if (s) s = detail::compute_status(a);
   if (!s || a.batch == 0) return s;
 #if defined(MLAKIT_HAS_GPU_BACKEND)
   DeviceInfo dev;

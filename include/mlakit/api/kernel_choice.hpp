@@ -6,6 +6,7 @@
 // (api/decode.hpp) checks, plans with choose_kernel() and launches, and workspace_bytes()
 // sizes for every choice a shape can get.
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 #include "../arch/tile_policy.hpp"
@@ -24,6 +25,7 @@ namespace mlakit::detail {
 
 // The policy decode() launches for `a` on `dev` (arch::policy_index_for).
 inline int policy_index(const DecodeArgs& a, const DeviceInfo& dev) {
+  if (a.compute == Compute::fp8_matrix) return arch::kMatrixPolicy;
   return arch::policy_index_for(a.rows(), a.kv_type == a.q_type, dev.arch, a.batch, a.page_size);
 }
 inline int policy_rows(const DecodeArgs& a, const DeviceInfo& dev) {
@@ -181,7 +183,17 @@ inline Status choose_kernel(const DecodeArgs& a, const DeviceInfo& dev, const En
   const arch::TilePolicy& tp = arch::kPolicies[k.policy];
   Status s;
   bool keys_as_m = false, keys_as_m_self_plan = false, warpgroup = false;
-  if (k.keys_as_m) {
+  if (a.compute == Compute::fp8_matrix) {
+    // The matrix form of the 64-row keys-as-M kernel, whatever the batch, or nothing.
+    if (k.keys_as_m && k.e4m3fn_operands && tp.rows == 64 &&
+        !(s = usable(arch::Mainloop::keys_as_m, false, &keys_as_m)))
+      return s;
+    if (!keys_as_m)
+      return Status(StatusCode::not_supported,
+                    "compute = fp8_matrix runs on NVIDIA sm_90a code only (device arch " +
+                        std::to_string(dev.arch) +
+                        "); Compute::standard serves every device");
+  } else if (k.keys_as_m) {
     const std::int64_t tiles = request_row_tiles(a, k.policy);
     if (k.e4m3fn_operands ? arch::fp8_keys_as_m(tp, tiles)
                           : arch::direct_keys_as_m(tp, static_cast<int>(tiles), a.page_size)) {

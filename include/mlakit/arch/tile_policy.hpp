@@ -230,6 +230,15 @@ inline constexpr TilePolicy kPolicies[] = {nvidia_rows16(), nvidia_rows32(), nvi
 
 inline constexpr int kNumPolicies = sizeof(kPolicies) / sizeof(kPolicies[0]);
 
+// The policy of every call with Compute::fp8_matrix: the 64-row tile (its keys-as-M kernel in
+// the matrix form on sm_90a; no other target has one).
+constexpr int matrix_policy_index() {
+  for (int i = 0; i < kNumPolicies; ++i)
+    if (kPolicies[i].rows == 64) return i;
+  return kNumPolicies - 1;
+}
+inline constexpr int kMatrixPolicy = matrix_policy_index();
+
 // Index of the policy for a request with `rows` rows: the smallest tile that holds them,
 // else the largest (several row tiles).
 constexpr int policy_index_for_rows(int rows) {

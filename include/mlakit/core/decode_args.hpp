@@ -60,6 +60,20 @@ enum class PlanStep : std::uint8_t {
   decode_only = 2,      // decode with the plan already in the workspace
 };
 
+// How the two products of the attention are computed.
+enum class Compute : std::uint8_t {
+  // 16-bit operands (Q's type, or f16 for an e4m3fn cache, exact), f32 accumulation: the
+  // accuracy of a bf16 attention (relative L2 error about 2e-3 against double precision).
+  standard = 0,
+  // Opt-in, NVIDIA sm_90a with an fp8_e4m3fn cache: both products on e4m3 tensor cores (Q as
+  // two e4m3 planes with a power-of-two scale per row, P as one e4m3 plane, the cache read as
+  // it is). Trades accuracy for time at 64-row tiles: relative L2 error up to about 1.6e-2 and
+  // LSE errors up to about 1.4e-3 on N(0,1) data, 4e-2 with outlier channels
+  // (docs/design.md, "The fp8 matrix mode"). Every call runs 64-row tiles; other devices,
+  // builds and cache types return not_supported or invalid_argument.
+  fp8_matrix = 1,
+};
+
 // How KV pages of each request are found.
 enum class PageIds : std::uint8_t {
   block_table = 0,  // block_table[b * block_table_stride + i] = page of tokens [i*P, (i+1)*P)
@@ -131,6 +145,7 @@ struct DecodeArgs {
   int num_splits = 0;          // SplitMode::fixed only: 1..64
   bool deterministic = false;  // results are bitwise reproducible in every mode; see README
   PlanStep plan_step = PlanStep::plan_and_decode;  // see PlanStep
+  Compute compute = Compute::standard;              // see Compute
 
   // --- optional separate rotary cache: [num_pages, page_size, 64] ---------------------------
   // Row (page, slot) holds, in kv_type, the 64 rotary values of the token whose latent values

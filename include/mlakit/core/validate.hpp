@@ -275,6 +275,13 @@ inline Status validate(const DecodeArgs& a) {
       a.plan_step != PlanStep::decode_only)
     return bad_arg("plan_step", std::to_string(int(a.plan_step)),
                    "plan_and_decode, plan_only or decode_only");
+  if (a.compute != Compute::standard && a.compute != Compute::fp8_matrix)
+    return bad_arg("compute", std::to_string(int(a.compute)), "standard or fp8_matrix");
+  // The e4m3 tensor cores take the cache's bytes as they are: e4m3fn only.
+  if (a.compute == Compute::fp8_matrix && a.kv_type != DType::fp8_e4m3fn)
+    return bad_arg("compute", "fp8_matrix",
+                   std::string("an fp8_e4m3fn cache (kv_type is ") + dtype_name(a.kv_type) +
+                       "; Compute::standard serves every cache type)");
   if (!(s = validate_pointers(a)) || !(s = validate_strides(a)) || !(s = validate_page_ids(a)))
     return s;
   return Status::ok();

@@ -54,6 +54,9 @@ struct DecodeTraits {
   static constexpr bool kFp8Operands = arch::kE4m3fnOperands && Problem::kv_is_fixed &&
                                        std::is_same_v<typename Problem::kv_type, fp8_e4m3fn_t>;
   using T = std::conditional_t<kFp8Operands, fp16_t, Tq>;  // compute type of the matrix atom
+  // Compute::fp8_matrix: both products on e4m3 operands (the keys-as-M kernel's matrix form,
+  // kt/matrix_form.hpp; sm_90a only).
+  static constexpr bool kFp8Matrix = Problem::kCompute == Compute::fp8_matrix;
   using Atom = arch::MmaAtom<T>;
   using Copy = arch::DefaultCopyAtom;
   static constexpr arch::TilePolicy kPolicy = arch::kPolicies[PolicyIndex];

@@ -135,12 +135,13 @@ struct PieceContext {
     copy_q_rows<Threads, R>(q, [](int r, int u) { return Swizzle128Tile<R>::unit_offset(r, u); });
   }
 
-  // e4m3 operand mode: Q rows -> f16 times 2^e (e per row puts the row's largest |q| in
-  // [2^14, 2^15)); store(row, block, w) receives each 16-dim block as 8 f16 pairs in dim
-  // order, and the row's 2^-e goes to scale_out.
-  // `Threads` threads take part; the row factors go to scale_out, each multiplied by `factor`.
-  template <int Threads = Tr::kThreads, class Store>
-  __device__ void load_q_scaled(Store store, float* scale_out, float factor = 1.0f) const {
+  // Q rows scaled by a power of two per row: store(row, block, v) receives each 16-dim block
+  // of the tile's row `row` as 16 floats in dim order, each times 2^e, where e puts the row's
+  // largest |q| in [2^(Top - 1), 2^Top) (bf16 Q, and every Q type where AllTypes; else e = 0;
+  // e = 0 for a row of zeros or with a non-finite maximum). The row's factor times 2^-e goes to
+  // scale_out. `Threads` threads take part.
+  template <int Threads, int Top, bool AllTypes, class Store>
+  __device__ void load_q_pow2(Store store, float* scale_out, float factor) const {
     const DecodeArgs& a = p.a;
     constexpr int kTpr = Threads / Tr::kRows;  // threads per row (4 or 8, one warp)
     static_assert(kTpr >= 1 && 32 % kTpr == 0, "Q rows are split over lanes of one warp");
@@ -167,7 +168,7 @@ struct PieceContext {
       }
     };
     float scale = 1.0f;
-    if constexpr (std::is_same_v<Tq, bf16_t>) {
+    if constexpr (AllTypes || std::is_same_v<Tq, bf16_t>) {
       float mx = 0.0f;
       for (int blk = sub; blk < kBlocks; blk += kTpr) {
         float v[16];
@@ -180,7 +181,7 @@ struct PieceContext {
       if (mx > 0.0f && mx <= 3.0e38f) {
         int ex;
         frexpf(mx, &ex);  // mx in [2^(ex-1), 2^ex)
-        int e = 15 - ex;
+        int e = Top - ex;
         e = e < -120 ? -120 : (e > 120 ? 120 : e);
         scale = bits_to_float(std::uint32_t(127 + e) << 23);
       }
@@ -191,12 +192,26 @@ struct PieceContext {
     for (int blk = sub; blk < kBlocks; blk += kTpr) {
       float v[16];
       load16(blk, v);
-      std::uint32_t w[8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
-        w[i] = arch::pack2<fp16_t>(v[2 * i] * scale, v[2 * i + 1] * scale);
-      store(r, blk, w);
+      for (int i = 0; i < 16; ++i) v[i] *= scale;
+      store(r, blk, v);
     }
+  }
+
+  // e4m3 operand mode: Q rows -> f16 times 2^e (bf16 Q: e per row puts the row's largest |q|
+  // in [2^14, 2^15); fp16 Q as it is); store(row, block, w) receives each 16-dim block as 8
+  // f16 pairs in dim order, and the row's 2^-e, multiplied by `factor`, goes to scale_out.
+  // `Threads` threads take part.
+  template <int Threads = Tr::kThreads, class Store>
+  __device__ void load_q_scaled(Store store, float* scale_out, float factor = 1.0f) const {
+    load_q_pow2<Threads, 15, false>(
+        [&](int r, int blk, const float(&v)[16]) {
+          std::uint32_t w[8];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) w[i] = arch::pack2<fp16_t>(v[2 * i], v[2 * i + 1]);
+          store(r, blk, w);
+        },
+        scale_out, factor);
   }
 };
 

@@ -19,8 +19,11 @@ enum class Causal : int { off = 0, on = 1, dynamic = 2 };
 // (split: two per token). decode() sends calls with kv_rope to the split instantiations.
 enum class CacheForm : int { joined = 0, split = 1 };
 
+// C: how the products are computed (DecodeArgs::compute); Compute::fp8_matrix needs e4m3fn KV
+// and runs the 64-row keys-as-M kernel on sm_90a only.
 template <class QType, class KvType = kv_any_t, int Heads = 0, int QLen = 0,
-          Causal CausalMode = Causal::dynamic, CacheForm Form = CacheForm::joined>
+          Causal CausalMode = Causal::dynamic, CacheForm Form = CacheForm::joined,
+          Compute C = Compute::standard>
 struct Problem {
   static_assert(std::is_same_v<QType, bf16_t> || std::is_same_v<QType, fp16_t>,
                 "Q/O type must be bf16_t or fp16_t");
@@ -33,6 +36,9 @@ struct Problem {
   static constexpr Causal kCausal = CausalMode;
   static constexpr CacheForm kCacheForm = Form;
   static constexpr bool kSplitCache = Form == CacheForm::split;
+  static constexpr Compute kCompute = C;
+  static_assert(C == Compute::standard || std::is_same_v<KvType, fp8_e4m3fn_t>,
+                "Compute::fp8_matrix reads an fp8_e4m3fn cache");
   // KV already in the compute type: copied straight into the tiles the matrix atom reads.
   static constexpr bool kDirectKv = std::is_same_v<QType, KvType>;
   // Rows per request when both are fixed, else 0.
@@ -46,11 +52,13 @@ struct Problem {
 namespace detail {
 // Problem P with its KV type fixed to KvType (the rest unchanged).
 template <class P, class KvType>
-using WithKv = Problem<typename P::q_type, KvType, P::kHeads, P::kQLen, P::kCausal, P::kCacheForm>;
+using WithKv = Problem<typename P::q_type, KvType, P::kHeads, P::kQLen, P::kCausal, P::kCacheForm,
+                       P::kCompute>;
 // Problem P in cache form F (the rest unchanged).
 template <class P, CacheForm F>
 using WithCacheForm =
-    Problem<typename P::q_type, typename P::kv_type, P::kHeads, P::kQLen, P::kCausal, F>;
+    Problem<typename P::q_type, typename P::kv_type, P::kHeads, P::kQLen, P::kCausal, F,
+            P::kCompute>;
 
 template <class T>
 struct KvDTypeOf {

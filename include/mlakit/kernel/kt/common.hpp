@@ -9,6 +9,7 @@
 // m64 x kRows accumulator gives each thread kS = kRows / 2 registers over kQ = kRows / 4 rows,
 // s[i] of row row_of(q, t) (kt/softmax.hpp), q = 2 (i >> 2) + (i & 1).
 #include <cstdint>
+#include <type_traits>
 
 #include "../../arch/pipeline_sm90.hpp"
 #include "../../arch/tile_policy.hpp"
@@ -39,7 +40,8 @@ struct KtCommon {
   static constexpr int kKvBytes = KvBytes;
   static constexpr int kRows = Tr::kRows;
   using Cfg = KtConfig<kRows, kKvBytes>;
-  using SharedStorage = KtSharedStorage<kRows, kKvBytes>;
+  using SharedStorage = std::conditional_t<Tr::kFp8Matrix, KtMatrixSharedStorage,
+                                           KtSharedStorage<kRows, kKvBytes>>;
   using StaticStorage = KtStaticStorage<kRows, kKvBytes>;
   using QTile = Swizzle128Tile<kRows>;
   using Pipeline = typename StaticStorage::Pipeline;
@@ -53,6 +55,8 @@ struct KtCommon {
   static constexpr int kQ = kRows / 4;  // rows per thread in an m64 x kRows accumulator
   static constexpr int kS = kRows / 2;  // registers per thread of an m64 x kRows accumulator
   static constexpr bool kSplitDims = Cfg::kSplitDims;
+  // The fp8 matrix form (kt/matrix_form.hpp) hides it: consume_pairs() then runs its pair_pv().
+  static constexpr bool kMatrix = false;
   static constexpr int kMbOwn = kSplitDims ? 4 : 8;  // 64-dim blocks of O^T a warpgroup holds
   // Dynamic shared memory of the kernel that uses the planner's plan, and of the one that
   // plans for itself (the plan follows the mainloop's bytes).

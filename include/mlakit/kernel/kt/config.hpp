@@ -96,6 +96,21 @@ struct KtSharedStorage {
                                [Swizzle128Tile<Rows>::kChunkBytes];
   alignas(KvBytes == 2 ? 1024 : 128) unsigned char kv[kStages][kStageBytes];
 };
+// Dynamic shared memory of the fp8 matrix form (64 rows, kt/matrix_form.hpp; 208 KB): Q as two
+// e4m3 planes and the raw tiles, both as five 128-column chunks [64 rows][128 B] with the
+// 128-byte swizzle (the K-major layout of e4m3 wgmma operands; the fifth chunk holds the 64
+// rotary columns and is half used), and the P^T plane of each tile of a pair.
+struct KtMatrixSharedStorage {
+  static constexpr int kStages = KtConfig<64>::kStages;
+  static constexpr int kChunkBytes = 64 * 128;
+  static constexpr int kChunks = 5;
+  static constexpr int kStageBytes = kChunks * kChunkBytes;
+  alignas(1024) unsigned char q[2][kChunks * kChunkBytes];  // planes hi, lo
+  // P^T of tiles A and B of a pair: [64 rows][64 kappa bytes], 64-byte swizzle (e4m3)
+  alignas(1024) unsigned char p[2][64 * 64];
+  alignas(1024) unsigned char kv[kStages][kStageBytes];
+};
+
 // Static shared memory: only sm_90a code of the kernel declares it (keys_as_m_usable() in
 // api/decode.hpp tells the loaded code by its size; 1024-aligned, as the dynamic part that
 // follows it, so that the size the runtime reports is sizeof).

@@ -4,7 +4,8 @@
 // of the next:
 //   KtCommon   (kt/common.hpp)  shapes, shared-memory parts, piece range, barriers, page ids
 //   KtSoftmax  (kt/softmax.hpp) running row statistics, P into shared memory, row totals
-//   the form   KtRawFp8Form (kt/raw_fp8_form.hpp): e4m3fn KV widened in registers, or
+//   the form   KtRawFp8Form (kt/raw_fp8_form.hpp): e4m3fn KV widened in registers,
+//              KtMatrixForm (kt/matrix_form.hpp): e4m3fn KV on e4m3 wgmma (Compute::fp8_matrix), or
 //              KtChunkRingForm (kt/chunk_ring_form.hpp): 16-bit KV on a ring of 64-dim chunks
 //   KtMainloopOf<Form> (here)
 // A form supplies the KV ring's producer and the operands of the two products:
@@ -30,6 +31,7 @@
 #include "../../platform/intrinsics.hpp"
 #include "../../platform/platform.hpp"
 #include "chunk_ring_form.hpp"
+#include "matrix_form.hpp"
 #include "raw_fp8_form.hpp"
 
 #if defined(MLAKIT_HAS_SM90A_KERNELS)
@@ -207,11 +209,15 @@ struct KtMainloopOf : Form {
         this->store_p(s, w == 0 ? p0 : p1, wi, lane);
         arch::fence_proxy_async_smem();
         arch::named_sync(arch::NamedBarrier::tile_p, kConsumerThreads);
-        this->issue_pv(o, this->tile_kv(pipe, st), p0, wi, lane, st, 4 * w);
-        this->template issue_pv<true>(o, this->tile_kv(pipe, st_b), p1, wi, lane, st_b, 4 * w);
-        arch::wgmma_wait<0>();
+        if constexpr (Form::kMatrix) {
+          this->pair_pv(o, st, st_b, p0, p1, w, wi, lane);
+        } else {
+          this->issue_pv(o, this->tile_kv(pipe, st), p0, wi, lane, st, 4 * w);
+          this->template issue_pv<true>(o, this->tile_kv(pipe, st_b), p1, wi, lane, st_b, 4 * w);
+          arch::wgmma_wait<0>();
 #pragma unroll
-        for (int mb = 0; mb < kMbOwn; ++mb) arch::fence_operand(o[mb]);
+          for (int mb = 0; mb < kMbOwn; ++mb) arch::fence_operand(o[mb]);
+        }
         st.advance();
         st.advance();
       }
@@ -326,11 +332,12 @@ struct KtMainloopOf : Form {
   }
 };
 
-// The mainloop of the traits' KV form: e4m3fn KV widened in registers, or 16-bit KV of the Q
-// type on a ring of chunks.
+// The mainloop of the traits' KV form: e4m3fn KV widened in registers (or, in the fp8 matrix
+// mode, read by e4m3 wgmma as it is), or 16-bit KV of the Q type on a ring of chunks.
 template <class Tr>
-using KtMainloop =
-    KtMainloopOf<std::conditional_t<Tr::kFp8Operands, KtRawFp8Form<Tr>, KtChunkRingForm<Tr>>>;
+using KtMainloop = KtMainloopOf<std::conditional_t<
+    Tr::kFp8Matrix, KtMatrixForm<Tr>,
+    std::conditional_t<Tr::kFp8Operands, KtRawFp8Form<Tr>, KtChunkRingForm<Tr>>>>;
 
 }  // namespace mlakit::detail
 
