@@ -267,3 +267,20 @@ TEST_CASE("fp8 matrix: repeated runs are bitwise equal", "[gpu][matrix]") {
     }));
   }
 }
+
+// Small enough for compute-sanitizer (memcheck, synccheck, racecheck): pieces of one to a few
+// pairs, an odd tile count (a padded tile), a length ending inside a tile and an empty request,
+// split and not.
+TEST_CASE("fp8 matrix: short mixed requests", "[gpu][matrix]") {
+  MLAKIT_REQUIRE_GPU();
+  if (!matrix_runs()) return;
+  for (SplitMode m : {SplitMode::none, SplitMode::fixed, SplitMode::automatic}) {
+    Case c = matrix_case({0, 65, 300, 129});
+    c.page_size = 3;
+    c.split = m;
+    c.num_splits = 2;
+    c.seed = 9800 + int(m);
+    check_matrix(c);
+  }
+  report("short mixed");
+}

@@ -49,13 +49,14 @@ printf '#include <mlakit/api/instantiate_dispatch.hpp>\n' >"$work/table.cu"
 nvcc -std=c++17 -arch=sm_90a -DMLAKIT_BACKEND_CUDA=1 -I"$root/include" -cubin "$work/table.cu" \
   -o "$work/table.cubin" -Xptxas -v >"$work/table.log" 2>&1 || { cat "$work/table.log"; exit 1; }
 "$nvdisasm" "$work/table.cubin" >"$work/table.sass"
-# One line per function of the table: HGMMA count, WARPGROUP.DEPBAR count, mangled name.
+# One line per function of the table: HGMMA (16-bit) plus QGMMA (e4m3) count, WARPGROUP.DEPBAR
+# count, mangled name.
 awk '
   /^[ \t]*\.section[ \t]+\.text\./ {
     if (name != "") print hgmma, waits, name
     name = $2; sub(/^\.text\./, "", name); sub(/,.*/, "", name); hgmma = 0; waits = 0; next
   }
-  /HGMMA/ { hgmma++ }
+  /HGMMA|QGMMA/ { hgmma++ }
   /WARPGROUP\.DEPBAR/ { waits++ }
   END { if (name != "") print hgmma, waits, name }' "$work/table.sass" >"$work/counts"
 cut -d' ' -f3 "$work/counts" | c++filt >"$work/names"
@@ -69,7 +70,9 @@ paste -d' ' "$work/counts" "$work/names" >"$work/functions"
 #  - decode_kernel_kt, 16 and 32 rows of 16-bit KV of the Q type: 36 S^T HGMMA in one group, 32
 #    P V HGMMA in 8 (one per 64-dim block, waited for one by one to release the ring's chunks),
 #    10;
-#  - decode_kernel_kt, 64 rows: per pair 36 S^T HGMMA in 18 groups and 2 x 16 P V HGMMA in 8, 24.
+#  - decode_kernel_kt, 64 rows: per pair 36 S^T HGMMA in 18 groups and 2 x 16 P V HGMMA in 8, 24;
+#    in the fp8 matrix form (Compute::fp8_matrix) 36 S^T QGMMA in 5 chains (4 waits), the
+#    pair's one wait after S^T, and 16 P V QGMMA in 4 chains (4 waits), 9.
 python3 - "$work/functions" "$max_waits" <<'PY' || status=1
 import re, sys
 LIST = """
@@ -86,6 +89,8 @@ decode_kernel_kt 1 10 bf16_t, bf16_t, 16, 2, Causal::on
 decode_kernel_kt 1 10 fp16_t, fp16_t
 decode_kernel_kt 2 24 bf16_t, fp8_e4m3fn_t, 16, 8, Causal::on
 decode_kernel_kt 2 24 fp16_t, fp8_e4m3fn_t
+decode_kernel_kt 2 9 bf16_t, fp8_e4m3fn_t, 0, 0, Causal::dynamic, CacheForm::joined, Compute::fp8_matrix
+decode_kernel_kt 2 9 fp16_t, fp8_e4m3fn_t, 0, 0, Causal::dynamic, CacheForm::split, Compute::fp8_matrix
 """.replace("MAXW", sys.argv[2])
 # The demangled form of each function, namespaces and the parameter list dropped.
 funcs = {}
@@ -94,8 +99,10 @@ for line in open(sys.argv[1]):
     name = re.sub(r"\(mlakit::detail::KernelArgs\)$", "", demangled)
     name = name.replace("mlakit::detail::", "").replace("mlakit::", "")
     funcs[name] = (int(hgmma), int(waits))
-defaults = ["0", "0", "(Causal)2", "(CacheForm)0"]
-causal = {"Causal::off": "(Causal)0", "Causal::on": "(Causal)1", "Causal::dynamic": "(Causal)2"}
+defaults = ["0", "0", "(Causal)2", "(CacheForm)0", "(Compute)0"]
+causal = {"Causal::off": "(Causal)0", "Causal::on": "(Causal)1", "Causal::dynamic": "(Causal)2",
+          "CacheForm::joined": "(CacheForm)0", "CacheForm::split": "(CacheForm)1",
+          "Compute::fp8_matrix": "(Compute)1"}
 status = 0
 for entry in filter(None, LIST.strip().split("\n")):
     kernel, policy, maxw, problem = entry.split(" ", 3)
@@ -113,7 +120,7 @@ for entry in filter(None, LIST.strip().split("\n")):
     if hgmma == 0 or waits > int(maxw):
         verdict = "SERIALISED (more than %s waits)" % maxw
         status = 1
-    print("%s<%s> (policy %s): %3d HGMMA, %3d WARPGROUP.DEPBAR: %s" % (kernel, problem, policy, hgmma, waits, verdict))
+    print("%s<%s> (policy %s): %3d HGMMA or QGMMA, %3d WARPGROUP.DEPBAR: %s" % (kernel, problem, policy, hgmma, waits, verdict))
 sys.exit(status)
 PY
 
