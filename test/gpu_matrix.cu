@@ -2,10 +2,10 @@
 // on e4m3 tensor cores, NVIDIA sm_90a only. Every axis of the domain against the
 // double-precision reference, on random data with NaN-poisoned outputs, unused pages and page
 // tails, at the mode's tolerance (docs/design.md, "The fp8 matrix mode"): relative L2 2.5e-2 of
-// O, and an LSE error of 4e-3 relative to max(1, |LSE|): e4m3 wgmma truncate each sum relative
-// to its largest product, so the LSE's error grows with the scores (these cases' sharp
-// softmaxes reach 2.3e-2 absolute at |LSE| near 20, and 5.4e-2 at |LSE| near 160; on N(0,1)
-// data 1.4e-3). Where
+// O and an LSE error of 0.1 (the wide rows' relative to max(1, |LSE|)): e4m3 wgmma truncate
+// each sum relative to its largest product, so the LSE's error grows with the scores (these
+// cases' sharp softmaxes reach 2.3e-2 at |LSE| near 20 and 5.4e-2 near 160; N(0,1) data
+// 1.4e-3). Where
 // the device or the build has no sm_90a code the mode must return not_supported, which the
 // first case checks instead.
 #include <algorithm>
@@ -23,7 +23,7 @@ using namespace mlakit::testing;
 namespace {
 
 constexpr double kMatrixRelL2 = 2.5e-2;
-constexpr double kMatrixLse = 4e-3;  // relative to max(1, |LSE|)
+constexpr double kMatrixLse = 0.1;
 
 // Largest errors seen over the file's cases, printed at the end of each test case (the
 // tolerance above must stay above them with a margin; docs/design.md records them).
@@ -48,9 +48,7 @@ Case matrix_case(std::vector<int> lens) {
   return c;
 }
 
-void check_matrix(const Case& given, double rel_l2 = kMatrixRelL2, double lse = kMatrixLse) {
-  Case c = given;
-  c.lse_relative = true;
+void check_matrix(const Case& c, double rel_l2 = kMatrixRelL2, double lse = kMatrixLse) {
   INFO(c.name());
   TestProblem P;
   build(P, c);
@@ -69,8 +67,8 @@ void check_matrix(const Case& given, double rel_l2 = kMatrixRelL2, double lse = 
 }
 
 void report(const char* what) {
-  std::printf("fp8_matrix %s: largest rel_l2 %.3e, largest relative lse_err %.3e\n", what,
-              g_worst_l2, g_worst_lse);
+  std::printf("fp8_matrix %s: largest rel_l2 %.3e, largest lse_err %.3e\n", what, g_worst_l2,
+              g_worst_lse);
   g_worst_l2 = g_worst_lse = 0.0;
 }
 
@@ -214,9 +212,11 @@ TEST_CASE("fp8 matrix: a separate rotary cache, padded rows, sharp and wide rows
   peaky.q_magnitude = 8.0f;  // sharp softmax
   peaky.seed = 9620;
   check_matrix(peaky);
-  // bf16 Q rows 2^+-40 around ordinary ones (each row has its own power-of-two scale).
+  // bf16 Q rows 2^+-40 around ordinary ones (each row has its own power-of-two scale): LSE
+  // relative to max(1, |lse|), as for the 16-bit path.
   Case wide = matrix_case({0, 200, 1500});
   wide.q_row_octaves = 40;
+  wide.lse_relative = true;
   wide.seed = 9630;
   check_matrix(wide);
   report("kv_rope, padded, sharp, wide");

@@ -67,10 +67,10 @@ enum class Compute : std::uint8_t {
   standard = 0,
   // Opt-in, NVIDIA sm_90a with an fp8_e4m3fn cache: both products on e4m3 tensor cores (Q as
   // two e4m3 planes with a power-of-two scale per row, P as one e4m3 plane, the cache read as
-  // it is). Trades accuracy for time at 64-row tiles: relative L2 error up to about 1.6e-2 and
-  // LSE errors up to about 1.4e-3 on N(0,1) data, 4e-2 with outlier channels
-  // (docs/design.md, "The fp8 matrix mode"). Every call runs 64-row tiles; other devices,
-  // builds and cache types return not_supported or invalid_argument.
+  // it is). Its error: relative L2 up to about 1.6e-2 and LSE up to 1.4e-3 on N(0,1) data,
+  // LSE up to 5e-2 with outlier channels (docs/design.md, "The fp8 matrix mode"); on an H100
+  // it is not yet faster than `standard` (docs/performance.md). Every call runs 64-row tiles;
+  // other devices, builds and cache types return not_supported or invalid_argument.
   fp8_matrix = 1,
 };
 
