@@ -12,8 +12,10 @@
 // bf16) and the LSE with a double-precision softmax on the same values and prints the
 // relative L2 error of O over the rows and the largest LSE error, per arithmetic, data and
 // length; the same quantities as mlakit_fp8_matrix_error prints for its model. Beside them,
-// the library's decode() on the same inputs (16-bit compute: the 64 rows as one request of
-// 16 heads x 4 query tokens, not causal, pages of 64 tokens).
+// the library's decode() on the same inputs, with Compute::standard (16-bit compute) and with
+// Compute::fp8_matrix (the mode's own kernel): the 64 rows as one request of 16 heads x 4 query
+// tokens, not causal, pages of 64 tokens, also at 32768 keys (the one-warpgroup kernels here
+// stop at 4096).
 //
 //   mlakit_fp8_matrix_tile
 //

@@ -5,7 +5,7 @@
 //   KtCommon   (kt/common.hpp)  shapes, shared-memory parts, piece range, barriers, page ids
 //   KtSoftmax  (kt/softmax.hpp) running row statistics, P into shared memory, row totals
 //   the form   KtRawFp8Form (kt/raw_fp8_form.hpp): e4m3fn KV widened in registers,
-//              KtMatrixForm (kt/matrix_form.hpp): e4m3fn KV on e4m3 wgmma (Compute::fp8_matrix), or
+//              KtMatrixForm (kt/matrix_form.hpp): e4m3fn KV on e4m3 wgmma (fp8_matrix), or
 //              KtChunkRingForm (kt/chunk_ring_form.hpp): 16-bit KV on a ring of 64-dim chunks
 //   KtMainloopOf<Form> (here)
 // A form supplies the KV ring's producer and the operands of the two products:
