@@ -210,7 +210,7 @@ Result decode(const at::Tensor& q, const at::Tensor& kv_cache,
               const at::Tensor& out, const std::optional<at::Tensor>& lse,
               const std::optional<at::Tensor>& workspace, double softmax_scale, double kv_scale,
               bool causal, int64_t split_mode, int64_t num_splits, int64_t lse_format,
-              const std::optional<at::Tensor>& kv_rope, int64_t plan_step) {
+              const std::optional<at::Tensor>& kv_rope, int64_t plan_step, int64_t compute) {
   mlakit::DecodeArgs a;
   Status s =
       fill_args(a, q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse, kv_rope);
@@ -228,6 +228,8 @@ Result decode(const at::Tensor& q, const at::Tensor& kv_cache,
   a.lse_format = static_cast<mlakit::LseFormat>(lse_format);
   if (plan_step < 0 || plan_step > 255) plan_step = 255;  // the library names it invalid
   a.plan_step = static_cast<mlakit::PlanStep>(plan_step);
+  if (compute < 0 || compute > 255) compute = 255;  // the library names it invalid
+  a.compute = static_cast<mlakit::Compute>(compute);
 
   void* ws = nullptr;
   std::size_t ws_bytes = 0;
@@ -403,7 +405,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("kv_indices"), py::arg("kv_len"), py::arg("out"), py::arg("lse"),
         py::arg("workspace"), py::arg("softmax_scale"), py::arg("kv_scale"), py::arg("causal"),
         py::arg("split_mode"), py::arg("num_splits"), py::arg("lse_format"),
-        py::arg("kv_rope") = py::none(), py::arg("plan_step") = 0);
+        py::arg("kv_rope") = py::none(), py::arg("plan_step") = 0, py::arg("compute") = 0);
   m.def("merge_states", &merge_states,
         "mlakit::merge_states() on the current CUDA stream; returns (code, name, message)",
         py::arg("part_o"), py::arg("part_lse"), py::arg("out"), py::arg("out_lse"));

@@ -39,7 +39,7 @@ def has_cuda_extension():
 def decode(q, kv_cache, kv_len, *, block_table=None, kv_indptr=None, kv_indices=None,
            softmax_scale, kv_scale=1.0, causal=True, split="auto", num_splits=0,
            return_lse=False, out=None, lse=None, workspace=None, lse_format="natural",
-           kv_rope=None, plan_step="plan_and_decode"):
+           kv_rope=None, plan_step="plan_and_decode", compute="standard"):
     """MLA decode attention; returns out, or (out, lse) when return_lse or lse is given.
 
     q          [batch, q_len, heads, 576], bf16 or fp16; q_len 1..32, heads 1..128
@@ -64,6 +64,10 @@ def decode(q, kv_cache, kv_len, *, block_table=None, kv_indptr=None, kv_indices=
                decode_only call raises ArgumentError unless the last call that planned into its
                workspace had the same shape, dtypes, page size, causal, split mode and the same
                kv_len and page-id tensors, unmodified (docs/integration.md, "One plan per step")
+    compute    "standard" (16-bit operands, f32 accumulation) or "fp8_matrix": the library's opt-in
+               fp8 matrix mode, both products on e4m3 tensor cores, for a float8_e4m3fn cache on
+               sm_90a (relative error up to about 1.6e-2 on N(0,1) data; not yet faster: the
+               library's docs/design.md and docs/performance.md, "The fp8 matrix mode")
     Strides come from the tensors: views are accepted wherever the library's stride rules allow.
     """
     if out is None:
@@ -75,7 +79,7 @@ def decode(q, kv_cache, kv_len, *, block_table=None, kv_indptr=None, kv_indices=
         lse = torch.empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32, device=q.device)
     torch.ops.mlakit.decode(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
                             softmax_scale, kv_scale, causal, split, num_splits, workspace,
-                            lse_format, kv_rope, plan_step)
+                            lse_format, kv_rope, plan_step, compute)
     return (out, lse) if lse is not None else out
 
 

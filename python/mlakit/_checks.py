@@ -27,6 +27,9 @@ SPLIT_MODES = {"auto": 0, "none": 1, "fixed": 2}
 LSE_FORMATS = {"natural": 0, "natural_empty_is_inf": 1, "base2": 2}
 # mlakit::PlanStep: which steps a decode call enqueues (plan into the workspace, decode, or both).
 PLAN_STEPS = {"plan_and_decode": 0, "plan_only": 1, "decode_only": 2}
+# mlakit::Compute: how the products are computed (16-bit operands, or the opt-in fp8 matrix mode,
+# both products on e4m3 tensor cores: an float8_e4m3fn cache on sm_90a only).
+COMPUTES = {"standard": 0, "fp8_matrix": 1}
 
 
 class Error(RuntimeError):
@@ -127,7 +130,8 @@ def _check_rope_cache(kv_cache, kv_rope, device):
 
 def check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
                       softmax_scale, kv_scale, causal, split, num_splits, workspace,
-                      lse_format="natural", kv_rope=None, plan_step="plan_and_decode"):
+                      lse_format="natural", kv_rope=None, plan_step="plan_and_decode",
+                      compute="standard"):
     """Raises ArgumentError for a call the op does not accept; returns None otherwise."""
     if not isinstance(q, torch.Tensor):
         raise ArgumentError(f"q: a tensor is required, got {type(q).__name__}")
@@ -205,6 +209,11 @@ def check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, o
         raise _domain("lse_format", repr(lse_format), "'natural', 'natural_empty_is_inf' or 'base2'")
     if not isinstance(plan_step, str) or plan_step not in PLAN_STEPS:
         raise _domain("plan_step", repr(plan_step), "'plan_and_decode', 'plan_only' or 'decode_only'")
+    if not isinstance(compute, str) or compute not in COMPUTES:
+        raise _domain("compute", repr(compute), "'standard' or 'fp8_matrix'")
+    if compute == "fp8_matrix" and kv_cache.dtype != torch.float8_e4m3fn:
+        raise _domain("compute", repr(compute),
+                      f"a torch.float8_e4m3fn cache (kv_cache is {kv_cache.dtype}); 'standard' serves every cache")
 
 
 # ---- merge_states ------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ Schema (mutable outputs, nothing returned):
                    float softmax_scale, float kv_scale=1., bool causal=True,
                    str split_mode="auto", int num_splits=0, Tensor(c!)? workspace=None,
                    str lse_format="natural", Tensor? kv_rope=None,
-                   str plan_step="plan_and_decode") -> ()
+                   str plan_step="plan_and_decode", str compute="standard") -> ()
 
     mlakit::merge_states(Tensor part_o, Tensor part_lse, Tensor(a!) out,
                          Tensor(b!)? out_lse=None) -> ()
@@ -19,6 +19,8 @@ lse_format says how decode writes lse: "natural" (ln, -inf for a row without key
 plan_step says which steps run: "plan_and_decode", "plan_only" (the split plan into the workspace)
 or "decode_only" (the plan a call of the same shape and lengths left there; checked on the host
 against mlakit._workspace's record, docs/integration.md "One plan per step").
+compute is "standard" (16-bit operands) or "fp8_matrix" (the library's opt-in fp8 matrix mode:
+float8_e4m3fn caches on sm_90a; the CPU implementation computes the reference either way).
 kv_rope, when given, is a separate cache of the 64 rotary values per row ([pages, page_size, 64],
 kv_cache then [pages, page_size, 512]), read in place as FlashInfer keeps its ckv and kpe caches.
 The ops write `out` (and `lse` / `out_lse` when given) in place, so engines keep their own
@@ -31,14 +33,15 @@ import math
 import torch
 
 from . import _ext, _workspace
-from ._checks import LSE_FORMATS, PLAN_STEPS, SPLIT_MODES, ArgumentError, check_decode_args, check_merge_args
+from ._checks import (COMPUTES, LSE_FORMATS, PLAN_STEPS, SPLIT_MODES, ArgumentError, check_decode_args,
+                      check_merge_args)
 from .reference import decode_reference, merge_states_reference
 
 _SCHEMA = ("(Tensor q, Tensor kv_cache, Tensor? block_table, Tensor? kv_indptr, Tensor? kv_indices, "
            "Tensor kv_len, Tensor(a6!) out, Tensor(a7!)? lse, float softmax_scale, float kv_scale=1., "
            "bool causal=True, str split_mode=\"auto\", SymInt num_splits=0, "
            "Tensor(a13!)? workspace=None, str lse_format=\"natural\", Tensor? kv_rope=None, "
-           "str plan_step=\"plan_and_decode\") -> ()")
+           "str plan_step=\"plan_and_decode\", str compute=\"standard\") -> ()")
 _MUTATED = ("out", "lse", "workspace")
 
 # Registered piece by piece (define, fake, per-device kernels, Autograd and ADInplaceOrView
@@ -87,10 +90,10 @@ decode_op = _define("decode", _SCHEMA, _MUTATED)
 def _decode_not_supported(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
                           softmax_scale, kv_scale=1.0, causal=True, split_mode="auto", num_splits=0,
                           workspace=None, lse_format="natural", kv_rope=None,
-                          plan_step="plan_and_decode"):
+                          plan_step="plan_and_decode", compute="standard"):
     check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
                       softmax_scale, kv_scale, causal, split_mode, num_splits, workspace, lse_format,
-                      kv_rope, plan_step)
+                      kv_rope, plan_step, compute)
     raise _ext.Error(f"mlakit.decode runs on CUDA (and on CPU through the reference), not on {q.device.type}",
                      "not_supported")
 
@@ -102,19 +105,19 @@ _lib.impl("decode", _decode_not_supported, "CompositeExplicitAutograd")
 @torch.library.register_fake("mlakit::decode", lib=_lib)
 def _decode_fake(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse, softmax_scale,
                  kv_scale=1.0, causal=True, split_mode="auto", num_splits=0, workspace=None,
-                 lse_format="natural", kv_rope=None, plan_step="plan_and_decode"):
+                 lse_format="natural", kv_rope=None, plan_step="plan_and_decode", compute="standard"):
     check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
                       softmax_scale, kv_scale, causal, split_mode, num_splits, workspace, lse_format,
-                      kv_rope, plan_step)
+                      kv_rope, plan_step, compute)
 
 
 @torch.library.register_kernel("mlakit::decode", "cuda", lib=_lib)
 def _decode_cuda(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse, softmax_scale,
                  kv_scale=1.0, causal=True, split_mode="auto", num_splits=0, workspace=None,
-                 lse_format="natural", kv_rope=None, plan_step="plan_and_decode"):
+                 lse_format="natural", kv_rope=None, plan_step="plan_and_decode", compute="standard"):
     check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
                       softmax_scale, kv_scale, causal, split_mode, num_splits, workspace, lse_format,
-                      kv_rope, plan_step)
+                      kv_rope, plan_step, compute)
     ext = _ext.require()
     split_code = SPLIT_MODES[split_mode]
     batch, q_len, heads = q.shape[0], q.shape[1], q.shape[2]
@@ -123,7 +126,7 @@ def _decode_cuda(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, l
     if workspace is None:
         workspace = _workspace.buffer_for(q.device, batch, heads * q_len, split_code, num_splits)
     key = _workspace.plan_key(q, kv_cache, block_table, kv_indptr, kv_len, causal, split_code,
-                              num_splits, kv_rope)
+                              num_splits, kv_rope, compute)
     if plan_step == "decode_only" and _workspace.plan_in(workspace) != key:
         raise ArgumentError("plan_step = 'decode_only': the workspace holds no plan of this call "
                             "(batch, heads, q_len, dtypes, page size, causal, split mode, kv_len and "
@@ -133,7 +136,8 @@ def _decode_cuda(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, l
     code, name, message = ext.decode(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out,
                                      lse, workspace, float(softmax_scale), float(kv_scale),
                                      bool(causal), split_code, int(num_splits),
-                                     LSE_FORMATS[lse_format], kv_rope, PLAN_STEPS[plan_step])
+                                     LSE_FORMATS[lse_format], kv_rope, PLAN_STEPS[plan_step],
+                                     COMPUTES[compute])
     if code != 0:
         _workspace.note_plan(workspace, None)
         _ext.raise_status(name, message)
@@ -144,10 +148,10 @@ def _decode_cuda(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, l
 @torch.library.register_kernel("mlakit::decode", "cpu", lib=_lib)
 def _decode_cpu(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse, softmax_scale,
                 kv_scale=1.0, causal=True, split_mode="auto", num_splits=0, workspace=None,
-                lse_format="natural", kv_rope=None, plan_step="plan_and_decode"):
+                lse_format="natural", kv_rope=None, plan_step="plan_and_decode", compute="standard"):
     check_decode_args(q, kv_cache, block_table, kv_indptr, kv_indices, kv_len, out, lse,
                       softmax_scale, kv_scale, causal, split_mode, num_splits, workspace, lse_format,
-                      kv_rope, plan_step)
+                      kv_rope, plan_step, compute)
     if plan_step == "plan_only":
         return
     o, l = decode_reference(q, kv_cache, kv_len, block_table=block_table, kv_indptr=kv_indptr,

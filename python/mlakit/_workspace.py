@@ -49,14 +49,17 @@ def _tensor_state(t):
     return (t.data_ptr(), tensor_version(t), tuple(t.shape), tuple(t.stride()))
 
 
-def plan_key(q, kv_cache, block_table, kv_indptr, kv_len, causal, split_code, num_splits, kv_rope):
+def plan_key(q, kv_cache, block_table, kv_indptr, kv_len, causal, split_code, num_splits, kv_rope,
+             compute="standard"):
     """What the library's split plan of a call depends on: the shape, dtypes, page size, causal,
-    split mode, the device, the kv_len tensor and the page capacity (a block table's width, or
-    the kv_indptr tensor). Tensors enter by address, version and layout, not by value."""
+    split mode, arithmetic (its kernel), the device, the kv_len tensor and the page capacity (a
+    block table's width, or the kv_indptr tensor). Tensors enter by address, version and layout,
+    not by value."""
     return (q.device.index, tuple(q.shape[:3]), q.dtype, kv_cache.dtype, int(kv_cache.shape[1]),
             bool(causal) or q.shape[1] == 1, split_code, num_splits if split_code == SPLIT_MODES["fixed"] else 0,
             kv_rope is None, _tensor_state(kv_len),
-            None if block_table is None else int(block_table.shape[1]), _tensor_state(kv_indptr))
+            None if block_table is None else int(block_table.shape[1]), _tensor_state(kv_indptr),
+            compute)
 
 
 def _capture_id(device):

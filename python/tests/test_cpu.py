@@ -31,13 +31,14 @@ def test_schema():
     names = [a.name for a in schema.arguments]
     assert names == ["q", "kv_cache", "block_table", "kv_indptr", "kv_indices", "kv_len", "out", "lse",
                      "softmax_scale", "kv_scale", "causal", "split_mode", "num_splits", "workspace",
-                     "lse_format", "kv_rope", "plan_step"]
+                     "lse_format", "kv_rope", "plan_step", "compute"]
     written = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
     assert written == ["out", "lse", "workspace"]
     assert len(schema.returns) == 0
     defaults = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
     assert defaults == {"kv_scale": 1.0, "causal": True, "split_mode": "auto", "num_splits": 0, "workspace": None,
-                        "lse_format": "natural", "kv_rope": None, "plan_step": "plan_and_decode"}
+                        "lse_format": "natural", "kv_rope": None, "plan_step": "plan_and_decode",
+                        "compute": "standard"}
 
 
 # ---- fake implementation -----------------------------------------------------------------------
@@ -222,6 +223,19 @@ def test_cpu_op_plan_steps():
     assert torch.all(torch.isnan(out)) and torch.all(torch.isnan(lse))
 
 
+def test_cpu_op_fp8_matrix_mode_computes_the_reference():
+    """compute="fp8_matrix" is accepted with a float8_e4m3fn cache; on the CPU the op computes
+    the reference either way (the mode's own error is the CUDA kernel's, tested on the GPU)."""
+    case = make_case(batch=2, q_len=2, heads=4, kv_lens=(3, 90), page_size=16,
+                     kv_dtype=torch.float8_e4m3fn)
+    out_ref, lse_ref = call_op(case, "table")
+    out, lse = call_op(case, "csr", compute="fp8_matrix")
+    assert torch.equal(out, out_ref) and torch.equal(lse, lse_ref)
+    out = mlakit.decode(case["q"], case["kv_cache"], case["kv_len"], block_table=case["block_table"],
+                        softmax_scale=SCALE, compute="fp8_matrix")
+    assert torch.equal(out, out_ref)
+
+
 def test_plan_record_follows_shape_lengths_and_capture(monkeypatch):
     """The host-side record of which plan a workspace holds (what decode_only and the adapters
     rely on): a call may reuse it only with the same shape, split mode and kv_len tensor at the
@@ -329,6 +343,9 @@ BAD = [
     ("split mode", _set(split_mode="half"), r"split_mode = 'half': not in the supported domain"),
     ("lse format", _set(lse_format="log10"), r"lse_format = 'log10': not in the supported domain"),
     ("plan step", _set(plan_step="reuse"), r"plan_step = 'reuse': not in the supported domain"),
+    ("compute", _set(compute="fp4"), r"compute = 'fp4': not in the supported domain"),
+    ("fp8 matrix mode with a bf16 cache", _set(compute="fp8_matrix"),
+     r"compute = 'fp8_matrix': not in the supported domain \(a torch.float8_e4m3fn cache \(kv_cache is torch.bfloat16"),
     ("65 splits", _set(split_mode="fixed", num_splits=65), r"num_splits = 65: not in the supported domain \(allowed 1..64\)"),
     ("0 splits", _set(split_mode="fixed", num_splits=0), r"num_splits = 0: not in the supported domain"),
     ("meta kv_len", _set(kv_len=lambda a: a["kv_len"].to("meta")), r"kv_len is on meta, q on cpu"),
