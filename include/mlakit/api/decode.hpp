@@ -288,8 +288,10 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
       },
       &c);
   if (!s) return s;
-  const bool own_kernel =
-      c.mainloop != arch::Mainloop::warpgroup_split_o && c.mainloop != arch::Mainloop::keys_as_m;
+  // (The fp8 matrix mode has no such kernel: choose_kernel() picks its keys-as-M kernel or
+  // fails.)
+  const bool own_kernel = !Tr::kFp8Matrix && c.mainloop != arch::Mainloop::warpgroup_split_o &&
+                          c.mainloop != arch::Mainloop::keys_as_m;
 
   const PlanShape shape = plan_shape_of(a, dev, c);
   const int rows_padded = shape.row_tiles * Tr::kRows;
@@ -302,14 +304,10 @@ inline Status launch_instance(const DecodeArgs& a, const DeviceInfo& dev, void* 
   // decode_kernel, or for a policy whose e4m3fn path loads page ids a tile ahead for small
   // pages only, its second form (same shared memory, grid and plan; for every other
   // instantiation TrAhead is Tr itself).
-  // (The fp8 matrix mode has no such kernel: choose_kernel() picks its keys-as-M kernel or
-  // fails.)
   using TrAhead = DecodeTraits<Problem, PolicyIndex, Tr::kIdsAheadByPage>;
-  void (*mma_kernel)(KernelArgs) = nullptr;
+  void (*mma_kernel)(KernelArgs) = nullptr;  // not instantiated for the fp8 matrix mode
   if constexpr (!Tr::kFp8Matrix)
     mma_kernel = c.ids_ahead ? decode_kernel<TrAhead> : decode_kernel<Tr>;
-  if (own_kernel && mma_kernel == nullptr)
-    return Status(StatusCode::not_supported, "no kernel of this instantiation runs here");
   if (own_kernel) {
     if (Tr::kSmemBytes > dev.max_smem_optin)
       return Status(StatusCode::not_supported,

@@ -55,8 +55,6 @@ struct KtCommon {
   static constexpr int kQ = kRows / 4;  // rows per thread in an m64 x kRows accumulator
   static constexpr int kS = kRows / 2;  // registers per thread of an m64 x kRows accumulator
   static constexpr bool kSplitDims = Cfg::kSplitDims;
-  // The fp8 matrix form (kt/matrix_form.hpp) hides it: consume_pairs() then runs its pair_pv().
-  static constexpr bool kMatrix = false;
   static constexpr int kMbOwn = kSplitDims ? 4 : 8;  // 64-dim blocks of O^T a warpgroup holds
   // Dynamic shared memory of the kernel that uses the planner's plan, and of the one that
   // plans for itself (the plan follows the mainloop's bytes).

@@ -15,11 +15,14 @@
 //                         form waits for whole tiles, after the wait)
 //   issue_s(s, kv, ..)    S^T = K Q^T issued and committed; the caller waits
 //   release_after_s(..)   what the tile's S^T alone read, released once it retired
-//   issue_pv(o, kv, ..)   O^T += V^T P^T issued; releases what it read
+//   issue_pv(o, kv, ..)   O^T += V^T P^T issued; releases what it read (16 and 32 rows)
+//   pair_pv(o, pipe, ..)  64 rows: O^T += V^T P^T for both tiles of a pair, retired; releases
+//                         both stages
 //   write_output<Wg>(..)  the row totals, the normalised O^T and the LSE into the output
 // The schedules: consume_tiles() (16 and 32 rows: each consumer warpgroup takes whole tiles,
 // alternate ones with two, merged by merge() at the end of a piece) and consume_pairs() (64
-// rows, e4m3fn only: the two warpgroups split the dims and take pairs of tiles). Every tile
+// rows, e4m3fn only: the two warpgroups split the dims and take pairs of tiles; the form's
+// pair_pv() multiplies both tiles' P by the warpgroup's half of V). Every tile
 // advances the ring position `st` in every consumer warpgroup, so all follow the producer's
 // order. KtMainloop<Tr> picks the form for the traits.
 #include <cstdint>
@@ -209,15 +212,7 @@ struct KtMainloopOf : Form {
         this->store_p(s, w == 0 ? p0 : p1, wi, lane);
         arch::fence_proxy_async_smem();
         arch::named_sync(arch::NamedBarrier::tile_p, kConsumerThreads);
-        if constexpr (Form::kMatrix) {
-          this->pair_pv(o, st, st_b, p0, p1, w, wi, lane);
-        } else {
-          this->issue_pv(o, this->tile_kv(pipe, st), p0, wi, lane, st, 4 * w);
-          this->template issue_pv<true>(o, this->tile_kv(pipe, st_b), p1, wi, lane, st_b, 4 * w);
-          arch::wgmma_wait<0>();
-#pragma unroll
-          for (int mb = 0; mb < kMbOwn; ++mb) arch::fence_operand(o[mb]);
-        }
+        this->pair_pv(o, pipe, st, st_b, p0, p1, w, wi, lane);
         st.advance();
         st.advance();
       }

@@ -49,14 +49,13 @@ struct KtMatrixForm : KtRawFp8Form<Tr> {
   using typename Base::State;
   using Storage = KtMatrixSharedStorage;
   static_assert(kRows == 64 && Tr::kFp8Matrix && kMbOwn == 4, "64 rows, dims split");
-  static constexpr bool kMatrix = true;
   static constexpr int kChunk = Storage::kChunkBytes;  // bytes of a 128-column chunk
 
   // ---- producer ------------------------------------------------------------------------------
   // Tile i of the range into ring stage st: lane (r0, sub) copies bytes [16 (4 c + sub), + 16)
-  // of its tokens r0 + 32 k, c < kCopies, i.e. unit (4 c + sub) & 7 of chunk c / 2 (the
-  // tokens share r0 & 7, hence the swizzled column). Slots past the range repeat its last
-  // token (token_sources).
+  // of its tokens r0 + 32 k, c < kCopies, into chunk c / 2 at unit (4 c + sub) & 7 (the
+  // chunk-ring form's layout; the tokens share r0 & 7, hence the swizzled column). Slots past
+  // the range repeat its last token (token_sources).
   __device__ void produce(const Range& r, State& st) const {
     constexpr bool kSplit = Tr::Problem::kSplitCache;  // rotary chunks from kv_rope
     if (r.n_tiles == 0) return;
@@ -167,9 +166,9 @@ struct KtMatrixForm : KtRawFp8Form<Tr> {
   // (A's two, then B's) into a zeroed accumulator, added to o[mt] once it retired; the next
   // block's V^T fragments are loaded while a chain runs. Every warp releases both stages once
   // its last fragments were read. Returns with every wgmma retired.
-  __device__ void pair_pv(float (&o)[kMbOwn][kS], const State& st_a, const State& st_b,
-                          std::uint32_t p_a, std::uint32_t p_b, int w, int wi, int lane) const {
-    const Pipeline pipe{state.bars};
+  __device__ void pair_pv(float (&o)[kMbOwn][kS], const Pipeline& pipe, const State& st_a,
+                          const State& st_b, std::uint32_t p_a, std::uint32_t p_b, int w, int wi,
+                          int lane) const {
     pipe.consumer_wait_generic(st_a, 0);  // only ldmatrix reads the stages here
     pipe.consumer_wait_generic(st_b, 0);
     std::uint32_t kv_a = smem_u32(tiles.kv[st_a.stage()]), kv_b = smem_u32(tiles.kv[st_b.stage()]);

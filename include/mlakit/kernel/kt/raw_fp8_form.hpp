@@ -266,6 +266,19 @@ struct KtRawFp8Form : KtSoftmax<Tr, fp16_t, 1> {
     }
   }
 
+  // 64 rows: O^T += V^T P^T for both tiles of the pair (A at ring position st_a, B at st_b;
+  // their P at p_a, p_b), dims blocks [4 w, 4 w + 4); B's batches follow A's in flight.
+  // Returns with every wgmma retired.
+  __device__ void pair_pv(float (&o)[kMbOwn][kS], const Pipeline& pipe, const State& st_a,
+                          const State& st_b, std::uint32_t p_a, std::uint32_t p_b, int w, int wi,
+                          int lane) const {
+    issue_pv(o, tile_kv(pipe, st_a), p_a, wi, lane, st_a, 4 * w);
+    issue_pv<true>(o, tile_kv(pipe, st_b), p_b, wi, lane, st_b, 4 * w);
+    arch::wgmma_wait<0>();
+#pragma unroll
+    for (int mb = 0; mb < kMbOwn; ++mb) arch::fence_operand(o[mb]);
+  }
+
   // ---- output --------------------------------------------------------------------------------
   // Normalises the dims blocks mb in [8 Wg / kWg, 8 (Wg + 1) / kWg) of O^T and stores them, each
   // lane two adjacent dims of a row per store; lane 0 of warpgroup 0's warp 0 writes the LSE.
