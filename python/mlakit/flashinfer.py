@@ -15,7 +15,10 @@ What differs:
   a host (CPU) qo_indptr is checked for that in plan(), a device one is not read;
 - the float workspace buffer is not used (mlakit keeps its own graph-safe workspace);
 - head_dim_ckv 512 and head_dim_kpe 64 only; per-group fp8 scales (ckv_scale_arr) and
-  o_scale are not supported.
+  o_scale are not supported;
+- plan() takes one keyword FlashInfer does not have: compute="fp8_matrix" selects the library's
+  opt-in fp8 matrix mode for a float8_e4m3fn cache (mlakit.decode's `compute`; "standard" by
+  default), for every run() of that plan.
 run() launches the kernels torch.ops.mlakit.decode launches for the call, writing out and lse
 in place through strides, and nothing else when q_nope and q_pe are the two parts of one
 tensor (else they are joined by a copy) and ckv_scale equals kpe_scale (else q_pe is scaled
@@ -29,7 +32,7 @@ import math
 import torch
 
 from . import _ext, _workspace, join_latent_cache, join_q
-from ._checks import HEAD_DIM_QK, HEAD_DIM_V, KV_DTYPES, ArgumentError
+from ._checks import COMPUTES, HEAD_DIM_QK, HEAD_DIM_V, KV_DTYPES, ArgumentError
 
 __all__ = ["BatchMLAPagedAttentionWrapper"]
 
@@ -77,7 +80,8 @@ class BatchMLAPagedAttentionWrapper:
         return buf[:n]
 
     def plan(self, qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv, head_dim_kpe,
-             page_size, causal, sm_scale, q_data_type, kv_data_type, use_profiler=False):
+             page_size, causal, sm_scale, q_data_type, kv_data_type, use_profiler=False, *,
+             compute="standard"):
         if head_dim_ckv != HEAD_DIM_V or head_dim_kpe != _KPE:
             raise ArgumentError(f"head_dim_ckv = {head_dim_ckv}, head_dim_kpe = {head_dim_kpe}: not in the "
                                 f"supported domain ({HEAD_DIM_V} and {_KPE}: mlakit attends over 576-wide rows "
@@ -85,6 +89,11 @@ class BatchMLAPagedAttentionWrapper:
         if kv_data_type not in KV_DTYPES:
             raise ArgumentError(f"kv_data_type = {kv_data_type}: not in the supported domain "
                                 "(torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e4m3fnuz)")
+        if not isinstance(compute, str) or compute not in COMPUTES:
+            raise ArgumentError(f"compute = {compute!r}: not in the supported domain ('standard' or 'fp8_matrix')")
+        if compute == "fp8_matrix" and kv_data_type != torch.float8_e4m3fn:
+            raise ArgumentError(f"compute = 'fp8_matrix': not in the supported domain (a torch.float8_e4m3fn "
+                                f"cache (kv_data_type is {kv_data_type}); 'standard' serves every cache)")
         # FlashInfer's batch size: the number of lengths; longer index arrays are sliced.
         batch = kv_len_arr.shape[0]
         for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr)):
@@ -100,7 +109,7 @@ class BatchMLAPagedAttentionWrapper:
         device = self._device if self._device is not None else kv_indices.device
         self._plan = dict(
             batch=batch, num_heads=num_heads, page_size=page_size, causal=bool(causal),
-            sm_scale=float(sm_scale), q_data_type=q_data_type, kv_data_type=kv_data_type,
+            sm_scale=float(sm_scale), q_data_type=q_data_type, kv_data_type=kv_data_type, compute=compute,
             kv_indptr=self._device_tensor("kv_indptr", kv_indptr, device, batch + 1),
             kv_indices=self._device_tensor("kv_indices", kv_indices, device, kv_indices.shape[0]),
             kv_len=self._device_tensor("kv_len", kv_len_arr, device, batch),
@@ -162,14 +171,14 @@ class BatchMLAPagedAttentionWrapper:
         if q4.is_cuda and _ext._C is not None:
             workspace = _workspace.buffer_for(q4.device, batch, q_len * heads, 0, 0)
             key = _workspace.plan_key(q4, kv, None, p["kv_indptr"], lens, p["causal"] or q_len == 1, 0, 0,
-                                      kv_rope)
+                                      kv_rope, p["compute"])
             step = _workspace.step_for(workspace, key, p["ran"])
         p["ran"] = True
         decode(q4, kv, lens, kv_indptr=p["kv_indptr"], kv_indices=kv_indices, softmax_scale=p["sm_scale"],
                kv_scale=kv_scale, causal=p["causal"], out=out.view(batch, q_len, heads, HEAD_DIM_V),
                lse=None if lse is None else lse.view(batch, q_len, heads),
                lse_format="natural" if return_lse_base_on_e else "base2",  # FlashInfer: log2
-               kv_rope=kv_rope, workspace=workspace, plan_step=step)
+               kv_rope=kv_rope, workspace=workspace, plan_step=step, compute=p["compute"])
         return (out, lse) if return_lse else out
 
     def _scales(self, ckv_cache, ckv_scale, ckv_scale_arr, kpe_scale):

@@ -26,6 +26,9 @@ bytes per token), sparse attention (indices, topk_length, extra_k_cache, attn_si
 descale_q. A float8_e4m3fn k_cache with one scale is: pass descale_k (a float, or a
 one-element tensor, read on the host once per tensor and version: outside a capture first)
 or kv_scale; a tensor made under torch.inference_mode keeps no version and is read once.
+
+One keyword FlashMLA does not have: compute="fp8_matrix" selects the library's opt-in fp8
+matrix mode for a float8_e4m3fn k_cache (mlakit.decode's `compute`; "standard" by default).
 """
 import math
 import weakref
@@ -98,13 +101,14 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
                            num_splits=None, softmax_scale=None, causal=False, *, descale_q=None, descale_k=None,
                            kv_scale=None, is_fp8_kvcache=False, indices=None, attn_sink=None,
                            extra_k_cache=None, extra_indices_in_kvcache=None, topk_length=None,
-                           extra_topk_length=None, out=None, empty_lse=math.inf):
+                           extra_topk_length=None, out=None, empty_lse=math.inf, compute="standard"):
     """FlashMLA's dense decode call; returns (out [b, s_q, h_q, 512], softmax_lse [b, h_q, s_q]).
 
     The kernels write out and softmax_lse in place through strides (LSE in FlashMLA's layout),
     so the call launches what torch.ops.mlakit.decode launches for it and nothing else. A row
     without keys gets FlashMLA's +inf with the default empty_lse=math.inf, mlakit's -inf with
-    empty_lse=-math.inf (merge_states and vLLM's merge treat both as empty)."""
+    empty_lse=-math.inf (merge_states and vLLM's merge treat both as empty). compute is
+    mlakit.decode's ("standard", or "fp8_matrix" for a float8_e4m3fn k_cache)."""
     if head_dim_v != HEAD_DIM_V:
         raise ArgumentError(f"head_dim_v = {head_dim_v}: not in the supported domain (512)")
     if is_fp8_kvcache:
@@ -140,7 +144,8 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
         workspace = meta.workspace
         if workspace is None:
             workspace = _workspace.buffer_for(q.device, b, s_q * h_q, 0, 0)
-        key = _workspace.plan_key(q, k_cache, block_table, None, cache_seqlens, bool(causal), 0, 0, None)
+        key = _workspace.plan_key(q, k_cache, block_table, None, cache_seqlens, bool(causal), 0, 0, None,
+                                  compute)
         step = _workspace.step_for(workspace, key, meta.have_initialized)
     if meta is not None:
         meta.have_initialized = True
@@ -151,5 +156,5 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
                     kv_scale=1.0 if scale is None else scale, causal=bool(causal), out=out,
                     lse=softmax_lse.transpose(1, 2),
                     lse_format="natural_empty_is_inf" if empty_lse == math.inf else "natural",
-                    workspace=workspace, plan_step=step)
+                    workspace=workspace, plan_step=step, compute=compute)
     return out, softmax_lse

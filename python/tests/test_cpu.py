@@ -524,6 +524,47 @@ def test_flashinfer_adapter_rejects_ragged_q():
                case["kv_len"], 4, 512, 64, 1, True, SCALE, torch.bfloat16, torch.bfloat16)
 
 
+def test_adapters_forward_compute(monkeypatch):
+    """compute="fp8_matrix" reaches mlakit.decode from both adapters (FlashMLA's call keyword,
+    FlashInfer's plan() keyword), and a cache the mode does not serve is refused with the
+    argument named."""
+    from mlakit import flashmla
+    from mlakit.flashinfer import BatchMLAPagedAttentionWrapper
+    seen = []
+    real = mlakit.decode
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("compute"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(mlakit, "decode", spy)
+    case = make_case(batch=2, q_len=2, heads=4, kv_lens=(5, 70), page_size=16, kv_dtype=torch.float8_e4m3fn)
+    ref_out, _ = reference(case, softmax_scale=SCALE, causal=True)
+    out, _ = flashmla.flash_mla_with_kvcache(case["q"], case["kv_cache"].unsqueeze(2), case["block_table"],
+                                             case["kv_len"], 512, None, None, softmax_scale=SCALE,
+                                             causal=True, kv_scale=1.0, compute="fp8_matrix")
+    torch.testing.assert_close(out, ref_out.bfloat16())
+    w = BatchMLAPagedAttentionWrapper(None)
+    qo_indptr = torch.arange(3, dtype=torch.int32) * 2
+    w.plan(qo_indptr, case["kv_indptr"], case["kv_indices"], case["kv_len"], 4, 512, 64, 16, True, SCALE,
+           torch.bfloat16, torch.float8_e4m3fn, compute="fp8_matrix")
+    q, kv = case["q"].reshape(4, 4, 576), case["kv_cache"]
+    out2 = w.run(q[..., :512], q[..., 512:], kv[..., :512], kv[..., 512:], ckv_scale=1.0, kpe_scale=1.0)
+    torch.testing.assert_close(out2, ref_out.bfloat16().reshape(4, 4, 512))
+    assert seen == ["fp8_matrix", "fp8_matrix"]
+
+    bf16 = make_case(batch=1, q_len=1, heads=4, kv_lens=(10,), page_size=16)
+    with pytest.raises(mlakit.ArgumentError, match="compute = 'fp8_matrix'"):
+        flashmla.flash_mla_with_kvcache(bf16["q"], bf16["kv_cache"].unsqueeze(2), bf16["block_table"],
+                                        bf16["kv_len"], 512, None, None, compute="fp8_matrix")
+    with pytest.raises(mlakit.ArgumentError, match=r"compute = 'fp8_matrix'.*kv_data_type is torch.bfloat16"):
+        w.plan(qo_indptr[:2], bf16["kv_indptr"], bf16["kv_indices"], bf16["kv_len"], 4, 512, 64, 16, True,
+               SCALE, torch.bfloat16, torch.bfloat16, compute="fp8_matrix")
+    with pytest.raises(mlakit.ArgumentError, match="compute = 'fp4'"):
+        w.plan(qo_indptr[:2], bf16["kv_indptr"], bf16["kv_indices"], bf16["kv_len"], 4, 512, 64, 16, True,
+               SCALE, torch.bfloat16, torch.bfloat16, compute="fp4")
+
+
 # ---- the compiled binding, where it was built (CI builds it; no GPU needed) --------------------
 
 needs_ext = pytest.mark.skipif(not mlakit.has_cuda_extension(), reason="the extension is not built")
