@@ -32,7 +32,7 @@ import math
 import torch
 
 from . import _ext, _workspace, join_latent_cache, join_q
-from ._checks import COMPUTES, HEAD_DIM_QK, HEAD_DIM_V, KV_DTYPES, ArgumentError
+from ._checks import COMPUTES, HEAD_DIM_QK, HEAD_DIM_V, KV_DTYPES, ArgumentError, _domain
 
 __all__ = ["BatchMLAPagedAttentionWrapper"]
 
@@ -90,10 +90,10 @@ class BatchMLAPagedAttentionWrapper:
             raise ArgumentError(f"kv_data_type = {kv_data_type}: not in the supported domain "
                                 "(torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e4m3fnuz)")
         if not isinstance(compute, str) or compute not in COMPUTES:
-            raise ArgumentError(f"compute = {compute!r}: not in the supported domain ('standard' or 'fp8_matrix')")
+            raise _domain("compute", repr(compute), "'standard' or 'fp8_matrix'")
         if compute == "fp8_matrix" and kv_data_type != torch.float8_e4m3fn:
-            raise ArgumentError(f"compute = 'fp8_matrix': not in the supported domain (a torch.float8_e4m3fn "
-                                f"cache (kv_data_type is {kv_data_type}); 'standard' serves every cache)")
+            raise _domain("compute", repr(compute), f"a torch.float8_e4m3fn cache (kv_data_type is {kv_data_type}); "
+                          "'standard' serves every cache")
         # FlashInfer's batch size: the number of lengths; longer index arrays are sliced.
         batch = kv_len_arr.shape[0]
         for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr)):
