@@ -4,7 +4,7 @@
 #   bash tools/test.sh                      # what a developer runs
 #   bash tools/test.sh -DMLAKIT_WERROR=ON   # extra arguments go to the configure step (CI)
 # MLAKIT_JOBS sets the build and test parallelism (default 2: the machines here have 2 cores;
-# the emulated-AMD tests, most of the test time, run one thread each).
+# the emulated-AMD tests, most of the test time, leave a core idle in their serial parts).
 # Missing Debian packages (cmake, ninja-build, g++, catch2, clang-19, libboost-context-dev) are
 # installed first when running as root, else the exact apt-get command is printed
 # (tools/install-deps.sh).
