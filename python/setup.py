@@ -10,8 +10,9 @@ Environment:
                          CPU reference); torch.ops.mlakit.decode then runs on CPU tensors only
     MAX_JOBS             parallel compile jobs (PyTorch's variable)
 
-The extension has two translation units: csrc/kernels.cu (nvcc; the whole library, no
-PyTorch header) and csrc/binding.cpp (host compiler; PyTorch, no device code).
+The extension's translation units: csrc/kernels.cu (nvcc; the library's host API, no PyTorch
+header), csrc/dispatch_part0.cu to dispatch_part3.cu (nvcc; decode()'s dispatch table in four
+parts that compile in parallel) and csrc/binding.cpp (host compiler; PyTorch, no device code).
 """
 import os
 import sys
@@ -68,7 +69,8 @@ def _extensions():
     ] + _archs()
     module = ext.CUDAExtension(
         name="mlakit._C",
-        sources=["csrc/kernels.cu", "csrc/binding.cpp"],
+        sources=["csrc/kernels.cu", "csrc/binding.cpp"]
+        + [f"csrc/dispatch_part{k}.cu" for k in range(4)],
         include_dirs=[include, os.path.join(HERE, "csrc")],
         # No -std for the host compiler: PyTorch adds the standard its headers need.
         extra_compile_args={"cxx": ["-O2"], "nvcc": nvcc},

@@ -1,4 +1,7 @@
-// The library's dispatch table, compiled once for the extension. No PyTorch header here.
+// The extension's calls into the library. No PyTorch header here. The dispatch table is
+// compiled in four parts (dispatch_part0.cu to dispatch_part3.cu, in parallel with MAX_JOBS),
+// so this file only declares its entries.
+#define MLAKIT_EXTERN_DISPATCH 1
 #include <mlakit/mlakit.hpp>
 
 #include <cstring>

@@ -11,9 +11,14 @@
 //   every file that calls decode():  #define MLAKIT_EXTERN_DISPATCH before including mlakit
 //                                    (or -DMLAKIT_EXTERN_DISPATCH for the whole target)
 //   exactly one .cu of the program:  #include <mlakit/api/instantiate_dispatch.hpp>
-// A program that defines MLAKIT_EXTERN_DISPATCH and instantiates the table nowhere fails to
-// link (undefined DispatchEntry<...>::launch), never at run time. Every file of the program
-// must see the same MLAKIT_NO_HOT_SHAPES setting, which changes the list of entries.
+// or the table in N parts (N = 2, 3 or 4), compiled in parallel, one .cu per part k = 0..N-1:
+//   #define MLAKIT_DISPATCH_PARTS N
+//   #define MLAKIT_DISPATCH_PART k
+//   #include <mlakit/api/instantiate_dispatch.hpp>
+// A program that defines MLAKIT_EXTERN_DISPATCH and instantiates the table (or one of its parts)
+// nowhere fails to link (undefined DispatchEntry<...>::launch), never at run time. Every file of
+// the program must see the same MLAKIT_NO_HOT_SHAPES setting, which changes the list of entries.
+#define MLAKIT_DETAIL_DISPATCH_INCLUDED 1  // api/instantiate_dispatch.hpp checks the order
 #include "decode.hpp"
 
 namespace mlakit {
@@ -73,34 +78,50 @@ Status DispatchEntry<P>::launch(const DecodeArgs& a, const DeviceInfo& dev, void
 
 }  // namespace detail
 
-// The table's entries as an X-macro: X(type) for every Problem the run-time path can launch on
-// this platform. Used by the extern declarations below and by api/instantiate_dispatch.hpp.
+// The table's entries as X-macros: X(type) for every Problem the run-time path can launch on
+// this platform, in four groups of about equal compile time, one per (Q type, cache form) with
+// the hot shapes spread over them. Used by the extern declarations below and by
+// api/instantiate_dispatch.hpp, which can compile the groups in separate translation units.
 #if defined(MLAKIT_NO_HOT_SHAPES)
-#define MLAKIT_DETAIL_HOT_ENTRIES(X)
+#define MLAKIT_DETAIL_HOT(X, P)
 #else
-#define MLAKIT_DETAIL_HOT_ENTRIES(X) \
-  X(HotFp8<1>)                       \
-  X(HotFp8<2>) X(HotFp8<4>) X(HotFp8<8>) X(HotBf16<1>) X(HotBf16<2>) X(HotBf16<4>) X(HotBf16<8>)
+#define MLAKIT_DETAIL_HOT(X, P) X(P)
 #endif
 #if defined(MLAKIT_HAS_CDNA_KERNELS)
-#define MLAKIT_DETAIL_FP8_ENTRIES(X)                                                     \
-  X(TableBf16E4m3fn) X(TableFp16E4m3fn) X(TableBf16E4m3fnuz) X(TableFp16E4m3fnuz)        \
-  X(SplitBf16E4m3fn) X(SplitFp16E4m3fn) X(SplitBf16E4m3fnuz) X(SplitFp16E4m3fnuz)
+#define MLAKIT_DETAIL_CDNA(X, P) X(P)
 #else
-#define MLAKIT_DETAIL_FP8_ENTRIES(X) \
-  X(TableBf16E4m3fn) X(TableFp16E4m3fn) X(SplitBf16E4m3fn) X(SplitFp16E4m3fn)
+#define MLAKIT_DETAIL_CDNA(X, P)
 #endif
 #if defined(MLAKIT_HAS_SM90A_KERNELS)
-#define MLAKIT_DETAIL_MATRIX_ENTRIES(X) \
-  X(MatrixBf16) X(MatrixFp16) X(SplitMatrixBf16) X(SplitMatrixFp16)
+#define MLAKIT_DETAIL_SM90A(X, P) X(P)
 #else
-#define MLAKIT_DETAIL_MATRIX_ENTRIES(X)
+#define MLAKIT_DETAIL_SM90A(X, P)
 #endif
-#define MLAKIT_DETAIL_DISPATCH_ENTRIES(X)                                                     \
-  MLAKIT_DETAIL_HOT_ENTRIES(X)                                                                \
-  X(TableBf16Bf16) X(TableBf16Any) X(TableFp16Fp16) X(TableFp16Any) X(SplitBf16Bf16)          \
-  X(SplitBf16Any) X(SplitFp16Fp16) X(SplitFp16Any) MLAKIT_DETAIL_FP8_ENTRIES(X)               \
-  MLAKIT_DETAIL_MATRIX_ENTRIES(X)
+#define MLAKIT_DETAIL_DISPATCH_GROUP0(X)                                                         \
+  X(TableBf16Bf16)                                                                               \
+  X(TableBf16Any)                                                                                \
+  X(TableBf16E4m3fn) MLAKIT_DETAIL_CDNA(X, TableBf16E4m3fnuz) MLAKIT_DETAIL_SM90A(X, MatrixBf16) \
+      MLAKIT_DETAIL_HOT(X, HotFp8<1>) MLAKIT_DETAIL_HOT(X, HotBf16<4>)
+#define MLAKIT_DETAIL_DISPATCH_GROUP1(X)                                      \
+  X(SplitBf16Bf16)                                                            \
+  X(SplitBf16Any)                                                             \
+  X(SplitBf16E4m3fn) MLAKIT_DETAIL_CDNA(X, SplitBf16E4m3fnuz)                 \
+      MLAKIT_DETAIL_SM90A(X, SplitMatrixBf16) MLAKIT_DETAIL_HOT(X, HotFp8<2>) \
+          MLAKIT_DETAIL_HOT(X, HotFp8<4>)
+#define MLAKIT_DETAIL_DISPATCH_GROUP2(X)                                                         \
+  X(TableFp16Fp16)                                                                               \
+  X(TableFp16Any)                                                                                \
+  X(TableFp16E4m3fn) MLAKIT_DETAIL_CDNA(X, TableFp16E4m3fnuz) MLAKIT_DETAIL_SM90A(X, MatrixFp16) \
+      MLAKIT_DETAIL_HOT(X, HotBf16<2>) MLAKIT_DETAIL_HOT(X, HotBf16<8>)
+#define MLAKIT_DETAIL_DISPATCH_GROUP3(X)                                      \
+  X(SplitFp16Fp16)                                                            \
+  X(SplitFp16Any)                                                             \
+  X(SplitFp16E4m3fn) MLAKIT_DETAIL_CDNA(X, SplitFp16E4m3fnuz)                 \
+      MLAKIT_DETAIL_SM90A(X, SplitMatrixFp16) MLAKIT_DETAIL_HOT(X, HotFp8<8>) \
+          MLAKIT_DETAIL_HOT(X, HotBf16<1>)
+#define MLAKIT_DETAIL_DISPATCH_ENTRIES(X) \
+  MLAKIT_DETAIL_DISPATCH_GROUP0(X)        \
+  MLAKIT_DETAIL_DISPATCH_GROUP1(X) MLAKIT_DETAIL_DISPATCH_GROUP2(X) MLAKIT_DETAIL_DISPATCH_GROUP3(X)
 
 #if defined(MLAKIT_EXTERN_DISPATCH)
 namespace detail {
@@ -122,8 +143,8 @@ inline Status launch_hot(const DecodeArgs& a, const DeviceInfo& dev, void* ws, s
 
 // The table entry (P in cache form F) for the call's types.
 template <CacheForm F>
-inline Status launch_table(const DecodeArgs& a, const DeviceInfo& dev, void* ws,
-                           std::size_t bytes, Stream stream) {
+inline Status launch_table(const DecodeArgs& a, const DeviceInfo& dev, void* ws, std::size_t bytes,
+                           Stream stream) {
   if (a.q_type == DType::bf16) {
     if (a.kv_type == DType::bf16)
       return DispatchEntry<WithCacheForm<TableBf16Bf16, F>>::launch(a, dev, ws, bytes, stream);
@@ -149,8 +170,8 @@ inline Status launch_table(const DecodeArgs& a, const DeviceInfo& dev, void* ws,
 #if defined(MLAKIT_HAS_SM90A_KERNELS)
 // Compute::fp8_matrix (validated: e4m3fn KV): the matrix entry of the call's Q type and cache
 // form.
-inline Status launch_matrix(const DecodeArgs& a, const DeviceInfo& dev, void* ws,
-                            std::size_t bytes, Stream stream) {
+inline Status launch_matrix(const DecodeArgs& a, const DeviceInfo& dev, void* ws, std::size_t bytes,
+                            Stream stream) {
   const bool bf16 = a.q_type == DType::bf16;
   if (a.kv_rope != nullptr)
     return bf16 ? DispatchEntry<SplitMatrixBf16>::launch(a, dev, ws, bytes, stream)

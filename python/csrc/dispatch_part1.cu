@@ -1,0 +1,4 @@
+// Part 1 of 4 of decode()'s dispatch table for the extension (csrc/kernels.cu declares it).
+#define MLAKIT_DISPATCH_PARTS 4
+#define MLAKIT_DISPATCH_PART 1
+#include <mlakit/api/instantiate_dispatch.hpp>

@@ -1,2 +1,0 @@
-// The one translation unit of the program that compiles decode()'s dispatch table.
-#include <mlakit/api/instantiate_dispatch.hpp>
