@@ -10,6 +10,11 @@
 #                                           gfx942 (clang-19, Debian's HIP 5.2 headers) and for
 #                                           gfx942 and gfx950 (clang 22, HIP 7.1 headers), then
 #                                           tools/amd-resources.py on them
+#   bash tools/amd-resources.sh all [md]    both in one pool of MLAKIT_JOBS compilers, the
+#                                           table's clang 22 device code compiled once: table's
+#                                           gfx942 and gfx950 assembly (the same flags, -S for -c)
+#                                           stands for check's device compiles of
+#                                           examples/dispatch_table.cu
 #
 # Toolchains, all from package registries (Debian 12 has no clang >= 20 and no HIP >= 6):
 #   clang-19, lld-19, Debian's HIP 5.2 headers and ROCm 5.2 device libraries (apt: clang-19
@@ -109,13 +114,12 @@ sources() {  # every GPU translation unit of the tree
 }
 
 # ---- check: the HIP 7.1 headers, gfx942 and gfx950 ------------------------------------------
-check() {
-  fetch_wheels
-  make_bitcode_dirs
+# check_commands [no-table-device]: one compile command per line; with no-table-device, not the
+# clang 22 device compiles of examples/dispatch_table.cu (table_commands compiles that code).
+check_commands() {
   out="$tools/check"
   rm -rf "$out"
   mkdir -p "$out"
-  local cmds=()
   for src in $(sources); do
     base=$(basename "$src" .cu)
     # The dispatch table is compiled once, by examples/dispatch_table.cu; every other file
@@ -123,40 +127,77 @@ check() {
     ext=-DMLAKIT_EXTERN_DISPATCH=1
     [ "$base" = dispatch_table ] && ext=
     # Host side against HIP 7.1 (hipDeviceProp_t, runtime API), clang-19.
-    cmds+=("$clang19 ${common[*]} $ext -I$root/test -isystem $hip7/include -D__HIP_PLATFORM_AMD__=1 -DMLAKIT_NO_ROCPRIM --cuda-host-only --offload-arch=gfx942 -c $src -o $out/$base.host.o")
+    echo "$clang19 ${common[*]} $ext -I$root/test -isystem $hip7/include -D__HIP_PLATFORM_AMD__=1 -DMLAKIT_NO_ROCPRIM --cuda-host-only --offload-arch=gfx942 -c $src -o $out/$base.host.o"
+    [ "$base" = dispatch_table ] && [ "${1:-}" = no-table-device ] && continue
     # Device side against HIP 7.1 and ROCm 7.1 ocml/ockl, clang 22, linked code objects.
     for arch in gfx942 gfx950; do
-      cmds+=("$zig clang ${common[*]} $ext -I$root/test $(clang22_flags) --no-gpu-bundle-output --offload-arch=$arch -c $src -o $out/$base.$arch.co")
+      echo "$zig clang ${common[*]} $ext -I$root/test $(clang22_flags) --no-gpu-bundle-output --offload-arch=$arch -c $src -o $out/$base.$arch.co"
     done
   done
-  printf '%s\n' "${cmds[@]}" | xargs -P "$jobs" -I{} sh -c '{} || { echo "FAILED: {}" >&2; exit 255; }'
-  echo "amd-resources.sh check: ${#cmds[@]} compiles passed (host: HIP 7.1 headers, clang-19;" \
-    "device: gfx942 and gfx950, HIP 7.1 headers and ROCm 7.1 device libraries, clang 22)"
 }
 
 # ---- table: resources of the dispatch table -----------------------------------------------------
-table() {
-  fetch_wheels >/dev/null
-  make_bitcode_dirs
+table_commands() {
   out="$tools/asm"
   rm -rf "$out"
   mkdir -p "$out"
   src=examples/spec_decode_verify.cu
-  printf '%s\n' \
-    "$clang19 ${common[*]} -D__HIP_PLATFORM_AMD__=1 --rocm-device-lib-path=$bc5 --cuda-device-only --offload-arch=gfx90a -S $src -o $out/gfx90a.s" \
-    "$clang19 ${common[*]} -D__HIP_PLATFORM_AMD__=1 --rocm-device-lib-path=$bc5 --cuda-device-only --offload-arch=gfx942 -S $src -o $out/gfx942.s" \
-    "$zig clang ${common[*]} $(clang22_flags) --offload-arch=gfx942 -S $src -o $out/gfx942-clang22.s" \
-    "$zig clang ${common[*]} $(clang22_flags) --offload-arch=gfx950 -S $src -o $out/gfx950.s" |
-    xargs -P "$jobs" -I{} sh -c '{}'
-  python3 tools/amd-resources.py ${1:+--markdown} gfx90a="$out/gfx90a.s" gfx942="$out/gfx942.s" \
-    gfx942/clang22="$out/gfx942-clang22.s" gfx950="$out/gfx950.s"
+  echo "$clang19 ${common[*]} -D__HIP_PLATFORM_AMD__=1 --rocm-device-lib-path=$bc5 --cuda-device-only --offload-arch=gfx90a -S $src -o $out/gfx90a.s"
+  echo "$clang19 ${common[*]} -D__HIP_PLATFORM_AMD__=1 --rocm-device-lib-path=$bc5 --cuda-device-only --offload-arch=gfx942 -S $src -o $out/gfx942.s"
+  echo "$zig clang ${common[*]} $(clang22_flags) --offload-arch=gfx942 -S $src -o $out/gfx942-clang22.s"
+  echo "$zig clang ${common[*]} $(clang22_flags) --offload-arch=gfx950 -S $src -o $out/gfx950.s"
+}
+table_report() {  # table_report [md]: tools/amd-resources.py on table_commands' assembly
+  python3 tools/amd-resources.py ${1:+--markdown} gfx90a="$tools/asm/gfx90a.s" \
+    gfx942="$tools/asm/gfx942.s" gfx942/clang22="$tools/asm/gfx942-clang22.s" \
+    gfx950="$tools/asm/gfx950.s"
+}
+
+# run_pool: runs the compile commands on stdin, $jobs at a time; the first failure stops it.
+run_pool() {
+  xargs -P "$jobs" -I{} sh -c '{} || { echo "FAILED: {}" >&2; exit 255; }'
+}
+check_summary() {  # check_summary COUNT
+  echo "amd-resources.sh check: $1 compiles passed (host: HIP 7.1 headers, clang-19;" \
+    "device: gfx942 and gfx950, HIP 7.1 headers and ROCm 7.1 device libraries, clang 22)"
+}
+
+check() {
+  fetch_wheels
+  make_bitcode_dirs
+  local cmds
+  cmds=$(check_commands)
+  printf '%s\n' "$cmds" | run_pool
+  check_summary "$(printf '%s\n' "$cmds" | wc -l)"
+}
+
+table() {
+  fetch_wheels >/dev/null
+  make_bitcode_dirs
+  table_commands | run_pool
+  table_report "${1:-}"
+}
+
+all() {
+  fetch_wheels
+  make_bitcode_dirs
+  local cmds tables
+  cmds=$(check_commands no-table-device)
+  tables=$(table_commands)
+  # The four table compiles first: they are the longest, so the pool ends evenly.
+  printf '%s\n%s\n' "$tables" "$cmds" | run_pool
+  check_summary "$(($(printf '%s\n' "$cmds" | wc -l) + 2))"
+  echo "(the clang 22 device code of examples/dispatch_table.cu for gfx942 and gfx950: the" \
+    "table's assembly of examples/spec_decode_verify.cu, which compiles the same table)"
+  table_report "${1:-}"
 }
 
 case "$mode" in
   check) check ;;
   table) table "${2:-}" ;;
+  all) all "${2:-}" ;;
   *)
-    echo "usage: bash tools/amd-resources.sh check | table [md]" >&2
+    echo "usage: bash tools/amd-resources.sh check | table [md] | all [md]" >&2
     exit 2
     ;;
 esac

@@ -15,7 +15,7 @@
 #     included; skipped with a message when no clang++ is found.
 #   bash tools/check-headers.sh          (g++, nvcc on PATH or in /usr/local/cuda/bin, clang++)
 # Environment: CXX (default g++), MLAKIT_CLANGXX (default clang++-19, else clang++);
-# MLAKIT_CHECK_HEADERS_NVCC=0 skips part 2.
+# MLAKIT_CHECK_HEADERS_NVCC=0 skips part 2; MLAKIT_JOBS compilers at once (default: the cores).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$PWD
@@ -28,30 +28,56 @@ clangxx=${MLAKIT_CLANGXX:-$(command -v clang++-19 || command -v clang++ || true)
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-status=0
+jobs=${MLAKIT_JOBS:-$(nproc 2>/dev/null || echo 2)}
 headers=$(cd include && find mlakit -name '*.hpp' | LC_ALL=C sort)
 start=$SECONDS
+units=0
+running=0
 
-# check LABEL HEADER FILE COMMAND...: compiles FILE (a unit that includes HEADER twice) with
-# COMMAND; on failure prints the first lines of the log.
+# check LABEL HEADER COMMAND... -- EXT: compiles a unit that includes HEADER twice (a file
+# ending in EXT) with COMMAND, the unit's path appended, and with "@OBJ" in COMMAND standing for
+# an output path of its own; up to $jobs checks run at once. A failure leaves the first lines of
+# its log in a .fail file that finish_pass prints.
 check() {
-  local label=$1 header=$2 file=$3
-  shift 3
-  printf '#include <%s>\n#include <%s>\n' "$header" "$header" >"$file"
-  if ! "$@" "$file" >"$work/log" 2>&1; then
-    echo "$label: $header does not compile alone:"
-    head -n 20 "$work/log"
-    status=1
+  local label=$1 header=$2 ext=${*: -1}
+  shift 2
+  local args=("${@:1:$(($# - 2))}")
+  units=$((units + 1))
+  local unit="$work/u$units$ext"
+  printf '#include <%s>\n#include <%s>\n' "$header" "$header" >"$unit"
+  args=("${args[@]/@OBJ/$work/u$units.o}")
+  (
+    if ! "${args[@]}" "$unit" >"$unit.log" 2>&1; then
+      { echo "$label: $header does not compile alone:"; head -n 20 "$unit.log"; } >"$unit.fail"
+    fi
+  ) &
+  running=$((running + 1))
+  if [ "$running" -ge "$jobs" ]; then
+    wait -n || true
+    running=$((running - 1))
   fi
 }
+finish_pass() {  # waits for the pass's checks; prints and counts their failures
+  wait
+  running=0
+  local f
+  for f in "$work"/*.fail; do
+    [ -e "$f" ] || continue
+    cat "$f"
+    rm -f "$f"
+    status=1
+  done
+}
+status=0
 
 n=0
 for h in $headers; do
   case $h in mlakit/platform/emulated/*) continue ;; esac
-  check "host C++ ($cxx)" "$h" "$work/unit.cpp" \
-    "$cxx" -std=c++17 -fsyntax-only -Wall -Wextra -Werror -I"$root/include"
+  check "host C++ ($cxx)" "$h" \
+    "$cxx" -std=c++17 -fsyntax-only -Wall -Wextra -Werror -I"$root/include" -- .cpp
   n=$((n + 1))
 done
+finish_pass
 echo "host C++ ($cxx -std=c++17): $n headers checked ($((SECONDS - start)) s)"
 
 if [ "$use_nvcc" != 0 ]; then
@@ -64,11 +90,12 @@ if [ "$use_nvcc" != 0 ]; then
       mlakit/kernel/* | mlakit/arch/* | mlakit/platform/* | mlakit/api/* | mlakit/mlakit.hpp) ;;
       *) continue ;;
     esac
-    check "CUDA (nvcc, sm_90a)" "$h" "$work/unit.cu" \
+    check "CUDA (nvcc, sm_90a)" "$h" \
       nvcc -std=c++17 -arch=sm_90a -x cu -DMLAKIT_EXTERN_DISPATCH=1 -I"$root/include" \
-      -c -o "$work/unit.o"
+      -c -o @OBJ -- .cu
     n=$((n + 1))
   done
+  finish_pass
   echo "CUDA (nvcc -std=c++17 -arch=sm_90a): $n headers checked ($((SECONDS - t)) s)"
 fi
 
@@ -76,11 +103,12 @@ if [ -n "$clangxx" ]; then
   t=$SECONDS
   n=0
   for h in $headers; do
-    check "emulated AMD ($clangxx)" "$h" "$work/unit.cpp" \
+    check "emulated AMD ($clangxx)" "$h" \
       "$clangxx" -std=c++17 -fsyntax-only -Wall -Wextra -Werror -DMLAKIT_EMULATED_AMD=1 \
-      -D__gfx942__=1 -DMLAKIT_EXTERN_DISPATCH=1 -I"$root/include"
+      -D__gfx942__=1 -DMLAKIT_EXTERN_DISPATCH=1 -I"$root/include" -- .cpp
     n=$((n + 1))
   done
+  finish_pass
   echo "emulated AMD ($clangxx -std=c++17, gfx942): $n headers checked ($((SECONDS - t)) s)"
 else
   echo "emulated AMD: no clang++ found, not checked"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks that ptxas keeps the wgmma pipelines of the Hopper mainloops (warp-specialized 64-row,
-# keys-as-M 16-, 32- and 64-row) asynchronous. It compiles decode()'s whole dispatch table once
-# for sm_90a (a cubin, no host code) and
+# keys-as-M 16-, 32- and 64-row) asynchronous. It takes decode()'s whole dispatch table for
+# sm_90a as a cubin (no host code), compiled here or read out of an object a build made, and
 #  1. counts, in the disassembly of chosen kernels of that table (decode_kernel_split_o for
 #     three KV paths, decode_kernel_kt for two each of its 16-, 32- and 64-row policies of
 #     e4m3fn KV and its 16- and 32-row 16-bit forms), the HGMMA instructions and the
@@ -9,16 +9,23 @@
 #     16-bit) and 24 (kt, 64 rows) times per kernel (docs/design.md, "Hopper mainloops"); ptxas
 #     serialises a pipeline it cannot prove safe by adding a wait after every HGMMA, without
 #     always printing its C7515 note, so the count is the check;
-#  2. fails on any ptxas C7515 or C7520 note ("wgmma serialized") and on any C7519 note (a
-#     warpgroup.arrive ptxas injected: every wgmma.fence the mainloops need is in their source)
-#     anywhere in the table;
+#  2. fails on any ptxas note that reports a serialised or patched wgmma pipeline (C7511 and
+#     C7515 "wgmma serialized", C7517 "warpgroup.wait is injected", C7519 "warpgroup.arrive is
+#     injected", C7520): every wgmma.fence and wait the mainloops need is in their source.
+#     ptxas prints these notes without -v, so a build's own output holds them;
 #  3. fails on any cp.async copy (LDGSTS) in the table whose 64-bit memory descriptor starts at
 #     an odd uniform register: ptxas 13.0 emits that form for an L2-hinted copy into which it
 #     folds a uniform shared-memory offset, and the kernel stops with an illegal-instruction
 #     error (arch/copy_atom.hpp, copy16_evict_first).
-#   bash tools/check-wgmma.sh            (nvcc on PATH or in /usr/local/cuda/bin; needs pip for the
-#                                        disassembler wheel, downloaded once, not installed, and
-#                                        c++filt and python3)
+#   bash tools/check-wgmma.sh              compiles the table (nvcc -cubin, one process)
+#   bash tools/check-wgmma.sh OBJECT LOG   reads the sm_90a cubin out of OBJECT, an object nvcc
+#                                          compiled for sm_90a from a file that includes
+#                                          api/instantiate_dispatch.hpp (examples/dispatch_table.cu
+#                                          in a CMake build), and ptxas' notes from LOG, the
+#                                          output of the Ninja build that compiled it
+# Needs nvcc (on PATH or in /usr/local/cuda/bin) to compile, objcopy and zstd to read an
+# object (nvcc compresses the fatbin's cubin), pip for the disassembler wheel (downloaded once,
+# not installed), c++filt and python3.
 # Environment: MLAKIT_TOOLS_DIR (default /tmp/mlakit-tools), MLAKIT_MAX_WAITS (default 8).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -45,9 +52,66 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 status=0
 
-printf '#include <mlakit/api/instantiate_dispatch.hpp>\n' >"$work/table.cu"
-nvcc -std=c++17 -arch=sm_90a -DMLAKIT_BACKEND_CUDA=1 -I"$root/include" -cubin "$work/table.cu" \
-  -o "$work/table.cubin" -Xptxas -v >"$work/table.log" 2>&1 || { cat "$work/table.log"; exit 1; }
+if [ $# -eq 0 ]; then
+  printf '#include <mlakit/api/instantiate_dispatch.hpp>\n' >"$work/table.cu"
+  nvcc -std=c++17 -arch=sm_90a -DMLAKIT_BACKEND_CUDA=1 -I"$root/include" -cubin "$work/table.cu" \
+    -o "$work/table.cubin" -Xptxas -v >"$work/table.log" 2>&1 || { cat "$work/table.log"; exit 1; }
+  source="dispatch table, sm_90a"
+elif [ $# -eq 2 ]; then
+  [ -f "$1" ] || { echo "check-wgmma.sh: no object $1" >&2; exit 2; }
+  [ -f "$2" ] || { echo "check-wgmma.sh: no build log $2" >&2; exit 2; }
+  # Ninja (output not a terminal) prints "[k/N] <description> <output>" as a command ends, then
+  # that command's output: the notes of OBJECT's compile are the lines after its own status
+  # line (other files of the build, tests among them, are not held to this check).
+  awk -v obj="$1" '
+    /^\[[0-9]+\/[0-9]+\] / {
+      last = $NF
+      on = length(last) <= length(obj) && substr(obj, length(obj) - length(last) + 1) == last
+      if (on) found = 1
+      next
+    }
+    on { print }
+    END { exit found ? 0 : 3 }' "$2" >"$work/table.log" || {
+    echo "check-wgmma.sh: $2 has no ninja status line for $1 (was it compiled by that build?)" >&2
+    exit 2
+  }
+  objcopy -O binary --only-section=.nv_fatbin "$1" "$work/fatbin"
+  # The fatbin: containers (u32 magic 0xBA55ED50, u16 version, u16 header size, u64 size of
+  # the entries), each a list of entries (u16 kind, 2 = ELF; u16 version; u32 header size;
+  # u64 padded payload size; u32 compressed size, 0 if not compressed; at header offset 28
+  # u32 arch). The payload is the cubin, or (nvcc's default in a CMake build) the cubin
+  # compressed with zstd.
+  python3 - "$work/fatbin" "$work/table.cubin" <<'PY' || exit 2
+import struct, subprocess, sys
+data = open(sys.argv[1], "rb").read()
+cubins = []
+at = 0
+while at + 16 <= len(data):
+    magic, _version, header, size = struct.unpack_from("<IHHQ", data, at)
+    if magic != 0xBA55ED50:
+        break
+    entry, end = at + header, at + header + size
+    while entry < end:
+        kind, _v, eheader, padded = struct.unpack_from("<HHIQ", data, entry)
+        (compressed,) = struct.unpack_from("<I", data, entry + 16)
+        (arch,) = struct.unpack_from("<I", data, entry + 28)
+        if kind == 2 and arch == 90:
+            payload = data[entry + eheader:entry + eheader + padded]
+            if payload[:4] == b"\x28\xb5\x2f\xfd":  # zstd frame
+                payload = subprocess.run(["zstd", "-d", "-c", "-q"], input=payload[:compressed],
+                                         capture_output=True, check=True).stdout
+            cubins.append(payload)
+        entry += eheader + padded
+    at = end
+if len(cubins) != 1 or cubins[0][:4] != b"\x7fELF":
+    sys.exit("check-wgmma.sh: %s holds %d sm_90a cubins (one expected)" % (sys.argv[1], len(cubins)))
+open(sys.argv[2], "wb").write(cubins[0])
+PY
+  source="dispatch table, sm_90a ($(basename "$1"))"
+else
+  echo "usage: bash tools/check-wgmma.sh [OBJECT LOG]" >&2
+  exit 2
+fi
 "$nvdisasm" "$work/table.cubin" >"$work/table.sass"
 # One line per function of the table: HGMMA (16-bit) plus QGMMA (e4m3) count, WARPGROUP.DEPBAR
 # count, mangled name.
@@ -131,15 +195,16 @@ forbid() {
   n=$(grep -cE "$1" "$2" || true)
   if [ "$n" -ne 0 ]; then
     grep -E "$1" "$2" | head -n 5
-    echo "dispatch table, sm_90a: $n $3: FAILED"
+    echo "$source: $n $3: FAILED"
     status=1
   else
-    echo "dispatch table, sm_90a: $4: ok"
+    echo "$source: $4: ok"
   fi
 }
-kernels=$(grep -c 'Compiling entry function' "$work/table.log" || true)
-forbid 'C7515|C7519|C7520' "$work/table.log" "ptxas C7515 / C7519 / C7520 note(s) in $kernels kernels" \
-  "no ptxas C7515, C7519 or C7520 note in $kernels kernels"
+kernels=$(grep -c '^[[:space:]]*\.global[[:space:]]' "$work/table.sass" || true)
+notes='C75(11|15|17|19|20)'
+forbid "$notes" "$work/table.log" "ptxas C7511 / C7515 / C7517 / C7519 / C7520 note(s)" \
+  "no ptxas C7511, C7515, C7517, C7519 or C7520 note ($kernels kernels in the table)"
 copies=$(grep -c 'LDGSTS\.' "$work/table.sass" || true)
 forbid 'LDGSTS[^;]*desc\[UR[0-9]*[13579]\]' "$work/table.sass" \
   "of $copies LDGSTS name an odd descriptor register" \

@@ -18,9 +18,11 @@ for set_name in "$@"; do
     # clang-19 and Boost.Context: the emulated AMD tests (test/emulated/).
     test) packages+=(cmake ninja-build g++ catch2 clang-19 libboost-context-dev) ;;
     example) packages+=(cmake ninja-build g++) ;;
-    # hipcc brings clang-15, lld, rocm-device-libs, rocminfo and libamdhip64-dev.
+    # hipcc brings clang-15, lld, rocm-device-libs, rocminfo and libamdhip64-dev; zstd reads
+    # the compressed cubin of an nvcc object (tools/check-wgmma.sh).
     ci) packages+=(cmake ninja-build g++ catch2 libbenchmark-dev hipcc librocprim-dev python3
-                   python3-pip python3-venv clang-19 lld-19 clang-tools-19 libclang-rt-19-dev) ;;
+                   python3-pip python3-venv clang-19 lld-19 clang-tools-19 libclang-rt-19-dev
+                   zstd) ;;
     *)
       echo "install-deps.sh: unknown set '$set_name' (allowed: test, example, ci)" >&2
       exit 2

@@ -26,7 +26,16 @@ t1=$SECONDS
 rm -rf python/build
 MAX_JOBS=${MLAKIT_JOBS:-2} "$venv/bin/pip" install -q --disable-pip-version-check \
   --no-build-isolation --no-deps ./python
-"$venv/bin/python" -c 'import mlakit; print("mlakit extension loaded:", mlakit.has_cuda_extension())'
+# A built extension must load: an entry of the dispatch table compiled in none of its parts
+# is an undefined symbol that only the import reports.
+"$venv/bin/python" - <<'PY'
+import os, sys
+import mlakit
+from mlakit import _ext
+print("mlakit extension loaded:", mlakit.has_cuda_extension())
+if os.environ.get("MLAKIT_NO_EXTENSION", "") in ("", "0") and not mlakit.has_cuda_extension():
+    sys.exit("python-ci.sh: mlakit._C was built but does not load: %s" % _ext.LOAD_ERROR)
+PY
 echo "python-ci.sh: pip install ./python took $((SECONDS - t1)) s"
 
 # From the repository root: the installed package is the one imported.
