@@ -97,28 +97,20 @@ Status DispatchEntry<P>::launch(const DecodeArgs& a, const DeviceInfo& dev, void
 #else
 #define MLAKIT_DETAIL_SM90A(X, P)
 #endif
-#define MLAKIT_DETAIL_DISPATCH_GROUP0(X)                                                         \
-  X(TableBf16Bf16)                                                                               \
-  X(TableBf16Any)                                                                                \
-  X(TableBf16E4m3fn) MLAKIT_DETAIL_CDNA(X, TableBf16E4m3fnuz) MLAKIT_DETAIL_SM90A(X, MatrixBf16) \
-      MLAKIT_DETAIL_HOT(X, HotFp8<1>) MLAKIT_DETAIL_HOT(X, HotBf16<4>)
-#define MLAKIT_DETAIL_DISPATCH_GROUP1(X)                                      \
-  X(SplitBf16Bf16)                                                            \
-  X(SplitBf16Any)                                                             \
-  X(SplitBf16E4m3fn) MLAKIT_DETAIL_CDNA(X, SplitBf16E4m3fnuz)                 \
-      MLAKIT_DETAIL_SM90A(X, SplitMatrixBf16) MLAKIT_DETAIL_HOT(X, HotFp8<2>) \
-          MLAKIT_DETAIL_HOT(X, HotFp8<4>)
-#define MLAKIT_DETAIL_DISPATCH_GROUP2(X)                                                         \
-  X(TableFp16Fp16)                                                                               \
-  X(TableFp16Any)                                                                                \
-  X(TableFp16E4m3fn) MLAKIT_DETAIL_CDNA(X, TableFp16E4m3fnuz) MLAKIT_DETAIL_SM90A(X, MatrixFp16) \
-      MLAKIT_DETAIL_HOT(X, HotBf16<2>) MLAKIT_DETAIL_HOT(X, HotBf16<8>)
-#define MLAKIT_DETAIL_DISPATCH_GROUP3(X)                                      \
-  X(SplitFp16Fp16)                                                            \
-  X(SplitFp16Any)                                                             \
-  X(SplitFp16E4m3fn) MLAKIT_DETAIL_CDNA(X, SplitFp16E4m3fnuz)                 \
-      MLAKIT_DETAIL_SM90A(X, SplitMatrixFp16) MLAKIT_DETAIL_HOT(X, HotFp8<8>) \
-          MLAKIT_DETAIL_HOT(X, HotBf16<1>)
+// One group: the generic entries of cache form F (Table, Split) for Q type Q (Bf16, Fp16), the
+// matrix entry M and two hot shapes.
+#define MLAKIT_DETAIL_DISPATCH_GROUP(X, F, Q, M, HOT1, HOT2)                                   \
+  X(F##Q##Q)                                                                                   \
+  X(F##Q##Any) X(F##Q##E4m3fn) MLAKIT_DETAIL_CDNA(X, F##Q##E4m3fnuz) MLAKIT_DETAIL_SM90A(X, M) \
+      MLAKIT_DETAIL_HOT(X, HOT1) MLAKIT_DETAIL_HOT(X, HOT2)
+#define MLAKIT_DETAIL_DISPATCH_GROUP0(X) \
+  MLAKIT_DETAIL_DISPATCH_GROUP(X, Table, Bf16, MatrixBf16, HotFp8<1>, HotBf16<4>)
+#define MLAKIT_DETAIL_DISPATCH_GROUP1(X) \
+  MLAKIT_DETAIL_DISPATCH_GROUP(X, Split, Bf16, SplitMatrixBf16, HotFp8<2>, HotFp8<4>)
+#define MLAKIT_DETAIL_DISPATCH_GROUP2(X) \
+  MLAKIT_DETAIL_DISPATCH_GROUP(X, Table, Fp16, MatrixFp16, HotBf16<2>, HotBf16<8>)
+#define MLAKIT_DETAIL_DISPATCH_GROUP3(X) \
+  MLAKIT_DETAIL_DISPATCH_GROUP(X, Split, Fp16, SplitMatrixFp16, HotFp8<8>, HotBf16<1>)
 #define MLAKIT_DETAIL_DISPATCH_ENTRIES(X) \
   MLAKIT_DETAIL_DISPATCH_GROUP0(X)        \
   MLAKIT_DETAIL_DISPATCH_GROUP1(X) MLAKIT_DETAIL_DISPATCH_GROUP2(X) MLAKIT_DETAIL_DISPATCH_GROUP3(X)
