@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "uniform.hpp"
+
 namespace mlakit::testing {
 
 #if defined(MLAKIT_HAS_CUDA_RUNTIME_API)
@@ -241,7 +243,8 @@ struct TestProblem {
 inline void build(TestProblem& P, const Case& c) {
   P.c = c;
   std::mt19937_64 rng(c.seed);
-  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  // Uniform in [-1, 1): the values std::uniform_real_distribution<float> gives, drawn faster.
+  auto uni = [](std::mt19937_64& g) { return uniform(g, -1.0f, 1.0f); };
   DecodeArgs a;
   a.q_type = c.q_type;
   a.kv_type = c.kv_type;

@@ -251,7 +251,7 @@ double ulp16(DType t, double x) {
 
 void check_combine_once(const CombineCase& c) {
   std::mt19937_64 g(c.seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  auto u = [](std::mt19937_64& gen) { return uniform(gen, -1.0f, 1.0f); };
   const int batch = int(c.lens.size()), rows = c.heads * c.q_len;
   const int rpc = arch::kPolicies[arch::policy_index_for_rows(rows)].rows;
   PlanShape shape;
@@ -344,6 +344,7 @@ void check_combine_once(const CombineCase& c) {
   std::vector<bool> written_o(out_elems, false), written_l(lse_elems, false);
   double err2 = 0, ref2 = 0, max_abs = 0, max_lse = 0;
   long long bad_o = 0, bad_l = 0, merged_rows = 0;
+  std::vector<double> weights;
   for (int b = 0; b < batch; ++b) {
     const RequestPlan& r = h.requests[b];
     if (r.num_pieces <= 1) continue;
@@ -359,12 +360,18 @@ void check_combine_once(const CombineCase& c) {
       }
       const double L = sum > 0 ? m + std::log(sum) : -INFINITY;
       const std::size_t obase = b * a.o_stride_batch + t * a.o_stride_token + hd * a.o_stride_head;
+      // Each piece's weight, once per row (pieces without keys are skipped below).
+      weights.assign(r.num_pieces, 0.0);
+      for (int i = 0; i < r.num_pieces; ++i) {
+        const float l = pl[std::int64_t(r.partial_base + i) * rows_padded + row];
+        if (l != -INFINITY) weights[i] = std::exp(double(l) - L);
+      }
       for (int d = 0; d < kHeadDimV; ++d) {
         double ref = 0, mag = 0;
         for (int i = 0; i < r.num_pieces; ++i) {
           const std::int64_t sr = std::int64_t(r.partial_base + i) * rows_padded + row;
           if (pl[sr] == -INFINITY) continue;
-          const double w = std::exp(double(pl[sr]) - L);
+          const double w = weights[i];
           const double v = decode16(c.q_type, po[sr * kHeadDimV + d]);
           ref += w * v;
           mag += w * std::fabs(v);

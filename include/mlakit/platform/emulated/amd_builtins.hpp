@@ -37,19 +37,23 @@ using float2_v = float __attribute__((ext_vector_type(2)));
 
 namespace model {
 
-inline float f32_from_bits(std::uint32_t b) {
+// The value decoders are inlined into their callers, so that in an uninstrumented caller
+// (mfma_16x16x16) they are uninstrumented too.
+#define MLAKIT_EMU_INLINE __attribute__((always_inline)) inline
+
+MLAKIT_EMU_INLINE float f32_from_bits(std::uint32_t b) {
   float f;
   std::memcpy(&f, &b, 4);
   return f;
 }
-inline std::uint32_t bits_from_f32(float f) {
+MLAKIT_EMU_INLINE std::uint32_t bits_from_f32(float f) {
   std::uint32_t b;
   std::memcpy(&b, &f, 4);
   return b;
 }
 
 // IEEE binary16 value of a bit pattern.
-inline double f16_value(std::uint16_t h) {
+MLAKIT_EMU_INLINE double f16_value(std::uint16_t h) {
   const int s = h >> 15, e = (h >> 10) & 0x1F, m = h & 0x3FF;
   double v;
   if (e == 0x1F) return m ? NAN : (s ? -INFINITY : INFINITY);
@@ -60,7 +64,9 @@ inline double f16_value(std::uint16_t h) {
   return s ? -v : v;
 }
 // bfloat16: the upper half of a binary32.
-inline double bf16_value(std::uint16_t h) { return f32_from_bits(std::uint32_t(h) << 16); }
+MLAKIT_EMU_INLINE double bf16_value(std::uint16_t h) {
+  return f32_from_bits(std::uint32_t(h) << 16);
+}
 
 // One fp8 E4M3 byte in the target's format (the emulated target fixes it: gfx942 FNUZ,
 // gfx950 OCP FN).
@@ -93,6 +99,8 @@ inline std::uint16_t f16_rtz(float f) {
   return sign | std::uint16_t((man | 0x800000) >> (14 - e));
 }
 
+#undef MLAKIT_EMU_INLINE
+
 }  // namespace model
 
 // Tags that tell wave operations apart (lanes of one wave must reach the same one).
@@ -109,9 +117,15 @@ enum : std::uint64_t {
 //   A[i][k]: lane i + 16 (k / 4), element k % 4
 //   B[k][j]: lane j + 16 (k / 4), element k % 4
 //   C, D[i][j]: lane j + 16 (i / 4), element i % 4
+// Not instrumented: its loads and stores touch the lanes' operands only (never device memory,
+// whose bytes the instrumented kernel code counts), and uninstrumented it costs a fraction of
+// the time. Each operand is decoded once; the sums are formed in the same order as written
+// above, so the result does not depend on how the operands are fetched.
 template <bool Bf16>
-inline float4_v mfma_16x16x16(const std::uint16_t (&a)[4], const std::uint16_t (&b)[4], float4_v c,
-                              int cbsz, int abid, int blgp) {
+__attribute__((no_sanitize("thread"))) inline float4_v mfma_16x16x16(const std::uint16_t (&a)[4],
+                                                                     const std::uint16_t (&b)[4],
+                                                                     float4_v c, int cbsz, int abid,
+                                                                     int blgp) {
   if (cbsz != 0 || abid != 0 || blgp != 0)
     fault("MFMA with cbsz/abid/blgp != 0 (broadcast modes are not modelled)");
   struct Ops {
@@ -120,23 +134,26 @@ inline float4_v mfma_16x16x16(const std::uint16_t (&a)[4], const std::uint16_t (
   std::memcpy(mine.a, a, 8);
   std::memcpy(mine.b, b, 8);
   const unsigned char* all = wave_exchange(&mine, sizeof mine, Bf16 ? kTagMfmaBf16 : kTagMfmaF16);
-  auto ops = [&](int lane) {
-    Ops o;
-    std::memcpy(&o, all + lane * kSlotBytes, sizeof o);
-    return o;
-  };
-  auto value = [](std::uint16_t h) { return Bf16 ? model::bf16_value(h) : model::f16_value(h); };
   const int l = lane_in_wave();
   const int j = l % 16;
+  // bv[k] = B[k][j]; av[e][k] = A[i][k] for this lane's row i = 4 (l / 16) + e. (No lambdas:
+  // a lambda not inlined would be an instrumented function of its own.)
+  double bv[16], av[4][16];
+  for (int g = 0; g < 4; ++g) {
+    Ops o;
+    std::memcpy(&o, all + (j + 16 * g) * kSlotBytes, sizeof o);
+    for (int r = 0; r < 4; ++r)
+      bv[4 * g + r] = Bf16 ? model::bf16_value(o.b[r]) : model::f16_value(o.b[r]);
+    for (int e = 0; e < 4; ++e) {
+      std::memcpy(&o, all + (4 * (l / 16) + e + 16 * g) * kSlotBytes, sizeof o);
+      for (int r = 0; r < 4; ++r)
+        av[e][4 * g + r] = Bf16 ? model::bf16_value(o.a[r]) : model::f16_value(o.a[r]);
+    }
+  }
   float4_v d;
   for (int e = 0; e < 4; ++e) {
-    const int i = 4 * (l / 16) + e;  // this lane's D element e is D[i][j]
     double sum = c[e];
-    for (int k = 0; k < 16; ++k) {
-      const double av = value(ops(i + 16 * (k / 4)).a[k % 4]);
-      const double bv = value(ops(j + 16 * (k / 4)).b[k % 4]);
-      sum += av * bv;
-    }
+    for (int k = 0; k < 16; ++k) sum += av[e][k] * bv[k];
     d[e] = static_cast<float>(sum);
   }
   return d;
