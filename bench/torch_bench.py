@@ -7,6 +7,7 @@ installed (FlashMLA, FlashInfer), and against mlakit's own adapters for their in
     python bench/torch_bench.py --kv-dtype fp8 --batch 64 --kv-len 4096 --q-len 1 8
     python bench/torch_bench.py --batch 1 --peers mlakit adapters --rounds 2   # adapter overhead
     python bench/torch_bench.py --json results.json
+    python bench/torch_bench.py --batch 8 --q-len 8 --rotate-mb 480   # caches read from memory
 
 Rows: `mlakit` is torch.ops.mlakit.decode with preallocated out and lse, planning in every call;
 `mlakit-plan-once` the same with one plan per graph (the first call plans, the others run
@@ -16,6 +17,9 @@ row, written by the kernels; one plan per metadata object, so within a graph the
 plans and the others reuse it), `mla-flashmla-ninf` the same with empty_lse=-inf;
 `mla-flashinfer` is mlakit.flashinfer's run() with q_nope / q_pe and the cache parts as views of
 one tensor, out and a natural-log lse preallocated (one plan per plan() call likewise).
+`mlakit-fp8-matrix` is the op with compute="fp8_matrix" (e4m3fn caches). `flashmla` is
+FlashMLA's dense decode; for an e4m3fn cache it reads the cache's bf16 image (its dense decode
+takes bf16 only), so an fp8 row's ratio to it is the fp8 cache against FlashMLA's bf16 time.
 `mlakit-csr` is the op with CSR page ids, the baseline of `mla-flashinfer` (the FlashInfer
 interface passes CSR ids). `--peers adapters` names these four rows. Each repetition times every
 row in turn (a drift of the clocks moves them alike); with --rounds N the whole sweep runs N
@@ -25,7 +29,10 @@ Each kernel runs the same problem: batch requests of kv-len cached tokens (causa
 new tokens included), a paged latent cache (576 values per token) with a shuffled block table.
 Every call is captured in a CUDA graph and replayed (launch overhead excluded, as in serving;
 a kernel that cannot be captured is timed with plain launches and marked so); the time is the
-median over --reps repetitions of --iters calls each. Every peer's output is
+median over --reps repetitions of --iters calls each. With --rotate-mb M the calls of a graph
+cycle over copies of the inputs whose caches add up to at least M MB (480 exceeds the L2 of an
+H100 or H200 nine times), so that a small batch's cache is read from memory, not left in L2 by
+the call before. Every peer's output is
 compared with mlakit's (relative L2), so a fast wrong answer shows. A peer that is missing or
 rejects the shape is reported with the reason instead of a time.
 """
@@ -60,15 +67,20 @@ def make_inputs(batch, q_len, heads, kv_len, page_size, kv_dtype, seed=0):
     return dict(q=q, kv=kv, table=table, lens=lens, scale=576 ** -0.5)
 
 
-def setup_mlakit(t, kv_scale):
+def setup_mlakit(t, kv_scale, compute="standard"):
     out = torch.empty(t["q"].shape[:3] + (512,), dtype=t["q"].dtype, device="cuda")
     lse = torch.empty(t["q"].shape[:3], device="cuda")
 
     def call():
         mlakit.decode(t["q"], t["kv"], t["lens"], block_table=t["table"], softmax_scale=t["scale"],
-                      kv_scale=kv_scale, out=out, lse=lse)
+                      kv_scale=kv_scale, out=out, lse=lse, compute=compute)
         return out
     return call
+
+
+def setup_mlakit_fp8_matrix(t, kv_scale):
+    """The op in its opt-in fp8 matrix mode (e4m3fn caches only)."""
+    return setup_mlakit(t, kv_scale, compute="fp8_matrix")
 
 
 def setup_mlakit_plan_once(t, kv_scale):
@@ -108,9 +120,11 @@ def setup_mlakit_csr(t, kv_scale):
 
 def setup_flashmla(t, kv_scale):
     import flash_mla
-    if t["kv"].dtype != torch.bfloat16:
-        raise RuntimeError("FlashMLA's fp8 decode uses its own 656-byte cache layout")
-    k_cache = t["kv"].unsqueeze(2)
+    # FlashMLA's dense decode reads bf16 caches only (its fp8 decode is the sparse one, with a
+    # 656-byte row): an e4m3fn cache is given to it as its bf16 image (the same values, kv_scale
+    # applied exactly), the bf16 time the fp8 rows are compared with.
+    kv = t["kv"] if t["kv"].dtype == torch.bfloat16 else (t["kv"].to(torch.bfloat16) * kv_scale)
+    k_cache = kv.unsqueeze(2)
     q = t["q"]
     meta, splits = flash_mla.get_mla_metadata(t["lens"], q.shape[1] * q.shape[2], 1)
 
@@ -177,7 +191,7 @@ def setup_adapter_flashinfer(t, kv_scale):
     return call
 
 
-PEERS = {"mlakit": setup_mlakit, "mlakit-plan-once": setup_mlakit_plan_once, "mlakit-csr": setup_mlakit_csr, "mla-flashmla": setup_adapter_flashmla,
+PEERS = {"mlakit": setup_mlakit, "mlakit-fp8-matrix": setup_mlakit_fp8_matrix, "mlakit-plan-once": setup_mlakit_plan_once, "mlakit-csr": setup_mlakit_csr, "mla-flashmla": setup_adapter_flashmla,
          "mla-flashmla-ninf": setup_adapter_flashmla_ninf, "mla-flashinfer": setup_adapter_flashinfer,
          "flashmla": setup_flashmla, "flashinfer": setup_flashinfer}
 ADAPTERS = ["mla-flashmla", "mla-flashmla-ninf", "mlakit-csr", "mla-flashinfer"]
@@ -212,6 +226,17 @@ def prepare(call, iters):
     return run, mode
 
 
+def cycle(calls):
+    """One call that runs the next of `calls` each time (each on its own copy of the inputs)."""
+    n = [0]
+
+    def call():
+        c = calls[n[0] % len(calls)]
+        n[0] += 1
+        return c()
+    return call
+
+
 def time_once(run, iters):
     """Microseconds per call of one run() (iters calls)."""
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -235,6 +260,9 @@ def main():
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=1, help="repeat the whole sweep (run-to-run noise)")
+    p.add_argument("--rotate-mb", type=float, default=0,
+                   help="cycle the calls of a graph over copies of the inputs whose caches add up to at "
+                        "least this many MB (0: every call reads the same cache, which may stay in L2)")
     p.add_argument("--json", help="also write the results to this file")
     a = p.parse_args()
     if not torch.cuda.is_available():
@@ -245,7 +273,7 @@ def main():
             if n not in peers:
                 peers.append(n)
     print(f"{torch.cuda.get_device_name()}; batch {a.batch}, {a.heads} heads, kv_len {a.kv_len}, "
-          f"page {a.page_size}, bf16 Q, {a.kv_dtype} cache, causal")
+          f"page {a.page_size}, bf16 Q, {a.kv_dtype} cache, causal, caches rotated over {a.rotate_mb:g} MB")
     print(f"{'round':>5} {'q_len':>5}  {'kernel':<18} {'us':>9} {'TB/s':>6} {'TFLOP/s':>8}  vs mlakit")
     results = []
     kv_scale = 0.5 if a.kv_dtype == "fp8" else 1.0
@@ -253,6 +281,11 @@ def main():
         for q_len in a.q_len:
             t = make_inputs(a.batch, q_len, a.heads, a.kv_len, a.page_size, a.kv_dtype)
             kv_bytes = a.batch * a.kv_len * 576 * t["kv"].element_size()
+            # Copies of the inputs the graph's calls cycle through, so that the caches a graph
+            # reads exceed --rotate-mb and a call finds no KV left in L2 by the previous one.
+            sets = [t] + [make_inputs(a.batch, q_len, a.heads, a.kv_len, a.page_size, a.kv_dtype, seed=i)
+                          for i in range(1, max(1, math.ceil(a.rotate_mb * 1e6 / kv_bytes)))]
+            iters = math.ceil(a.iters / len(sets)) * len(sets)
             flops = 2 * a.batch * q_len * a.heads * a.kv_len * (576 + 512)
             # A graph holds the addresses of its call's buffers, not the buffers: `calls` keeps
             # every call (and the tensors it closes over) alive while its graph is replayed.
@@ -260,17 +293,19 @@ def main():
             for name in peers:
                 row = rows[name] = dict(round=rnd, q_len=q_len, kernel=name)
                 try:
-                    call = calls[name] = PEERS[name](t, kv_scale)
-                    outs[name] = call().float()
+                    per_set = calls[name] = [PEERS[name](ts, kv_scale) for ts in sets]
+                    outs[name] = per_set[0]().float()
+                    for c in per_set[1:]:  # each set's first call (a plan, a schedule) outside the graph
+                        c()
                     torch.cuda.synchronize()
-                    runs[name], row["timing"] = prepare(call, a.iters)
+                    runs[name], row["timing"] = prepare(cycle(per_set), iters)
                 except Exception as e:  # a missing or refusing peer is a result too
                     row["error"] = f"{type(e).__name__}: {e}"
             # Every peer in turn within each repetition: a drift of the clocks moves them alike.
             times = {name: [] for name in runs}
             for _ in range(a.reps):
                 for name, run in runs.items():
-                    times[name].append(time_once(run, a.iters))
+                    times[name].append(time_once(run, iters))
             base = outs.get("mlakit")
             for name in peers:
                 row = rows[name]
