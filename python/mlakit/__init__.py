@@ -66,8 +66,10 @@ def decode(q, kv_cache, kv_len, *, block_table=None, kv_indptr=None, kv_indices=
                kv_len and page-id tensors, unmodified (docs/integration.md, "One plan per step")
     compute    "standard" (16-bit operands, f32 accumulation) or "fp8_matrix": the library's opt-in
                fp8 matrix mode, both products on e4m3 tensor cores, for a float8_e4m3fn cache on
-               sm_90a (relative error up to about 1.6e-2 on N(0,1) data; not yet faster: the
-               library's docs/design.md and docs/performance.md, "The fp8 matrix mode")
+               sm_90a (relative error up to about 1.6e-2 on N(0,1) data; not yet faster, and
+               about 1.3x slower where fewer than 64 rows share a tile, e.g. 16 heads at q_len
+               1 or 2: the library's docs/design.md and docs/performance.md, "The fp8 matrix
+               mode")
     Strides come from the tensors: views are accepted wherever the library's stride rules allow.
     """
     if out is None:

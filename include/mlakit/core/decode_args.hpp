@@ -69,8 +69,10 @@ enum class Compute : std::uint8_t {
   // two e4m3 planes with a power-of-two scale per row, P as one e4m3 plane, the cache read as
   // it is). Its error: relative L2 up to about 1.6e-2 and LSE up to 1.4e-3 on N(0,1) data,
   // LSE up to 5e-2 with outlier channels (docs/design.md, "The fp8 matrix mode"); on an H100
-  // it is not yet faster than `standard` (docs/performance.md). Every call runs 64-row tiles;
-  // other devices, builds and cache types return not_supported or invalid_argument.
+  // it is not yet faster than `standard` (docs/performance.md). Every call runs 64-row tiles,
+  // so where `standard` has 16- or 32-row forms (16 heads at q_len 1 and 2) it takes about
+  // 1.3x its time; other devices, builds and cache types return not_supported or
+  // invalid_argument.
   fp8_matrix = 1,
 };
 
