@@ -143,8 +143,6 @@ LIST = """
 decode_kernel_split_o 2 MAXW bf16_t, bf16_t, 16, 8, Causal::on
 decode_kernel_split_o 2 MAXW bf16_t, fp8_e4m3fn_t, 16, 8, Causal::on
 decode_kernel_split_o 2 MAXW fp16_t, kv_any_t
-decode_kernel_split_o_tma 2 MAXW bf16_t, bf16_t, 16, 8, Causal::on
-decode_kernel_split_o_tma 2 MAXW fp16_t, fp16_t
 decode_kernel_kt 0 15 bf16_t, fp8_e4m3fn_t, 16, 1, Causal::on
 decode_kernel_kt 0 15 fp16_t, fp8_e4m3fn_t
 decode_kernel_kt 1 15 bf16_t, fp8_e4m3fn_t, 16, 2, Causal::on
@@ -162,7 +160,7 @@ decode_kernel_kt 2 9 fp16_t, fp8_e4m3fn_t, 0, 0, Causal::dynamic, CacheForm::spl
 funcs = {}
 for line in open(sys.argv[1]):
     hgmma, waits, _mangled, demangled = line.rstrip("\n").split(" ", 3)
-    name = re.sub(r"\(mlakit::detail::KernelArgs(, CUtensorMap_st)?\)$", "", demangled)
+    name = re.sub(r"\(mlakit::detail::KernelArgs\)$", "", demangled)
     name = name.replace("mlakit::detail::", "").replace("mlakit::", "")
     funcs[name] = (int(hgmma), int(waits))
 defaults = ["0", "0", "(Causal)2", "(CacheForm)0", "(Compute)0"]

@@ -189,49 +189,13 @@ inline Status sm90a_kernel_usable(Kernel kernel, int static_bytes, int dynamic_b
 }
 template <class Tr>
 struct SplitOTag {};
-template <class Tr>
-struct SplitOTmaTag {};
 template <class Tr, bool SelfPlan>
 struct KtTag {};
 // decode_kernel_split_o<Tr> (64-row warpgroup policies) runs its mainloop on `dev`.
-// Where the instantiation has the TMA form too (decode_kernel_split_o_tma), both must run.
 template <class Tr>
 inline Status warpgroup_usable(const DeviceInfo& dev, bool* usable) {
-  Status s =
-      sm90a_kernel_usable<SplitOTag<Tr>>(decode_kernel_split_o<Tr>, sizeof(SplitOStaticStorage),
-                                         sizeof(SplitOSharedStorage), dev, usable);
-  if constexpr (SplitOMainloop<Tr>::kTmaApplies) {
-    if (!s || !*usable) return s;
-    s = sm90a_kernel_usable<SplitOTmaTag<Tr>>(decode_kernel_split_o_tma<Tr>,
-                                              sizeof(SplitOStaticStorage),
-                                              sizeof(SplitOSharedStorage), dev, usable);
-  }
-  return s;
-}
-
-// Tensor map of a joined paged KV cache of 16-bit values for decode_kernel_split_o_tma: a 3-D
-// tensor [pages][page_size][576] with the caller's strides, boxes of 64 columns x 64 tokens of
-// one page with the tile's 128-byte swizzle. False where it does not apply (page size not a
-// multiple of 64, a pointer or stride TMA cannot address, no driver entry point): the
-// producer-warpgroup kernel then runs. The page count is not known on the host; the map's
-// bound on it is 2^31 - 1 (page ids are int32).
-inline bool make_kv_tensor_map(const DecodeArgs& a, CUtensorMap* map) {
-  if (a.page_size % 64 != 0) return false;
-  const DriverTensorMapEncodeTiled encode = driver_tensor_map_encode_tiled();
-  if (encode == nullptr) return false;
-  const std::uint64_t token_bytes = std::uint64_t(a.kv_stride_token) * 2;
-  const std::uint64_t page_bytes = std::uint64_t(a.kv_stride_page) * 2;
-  if (reinterpret_cast<std::uintptr_t>(a.kv) % 16 != 0 || token_bytes % 16 != 0 ||
-      page_bytes % 16 != 0 || token_bytes >= (1ull << 40) || page_bytes >= (1ull << 40) ||
-      a.kv_stride_token < kHeadDimQK || a.kv_stride_page < 0)
-    return false;
-  const cuuint64_t dims[3] = {kHeadDimQK, static_cast<cuuint64_t>(a.page_size), 0x7fffffffull};
-  const cuuint64_t strides[2] = {token_bytes, page_bytes};
-  const cuuint32_t box[3] = {64, 64, 1};
-  const cuuint32_t unit[3] = {1, 1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void*>(a.kv), dims, strides, box,
-                unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return sm90a_kernel_usable<SplitOTag<Tr>>(decode_kernel_split_o<Tr>, sizeof(SplitOStaticStorage),
+                                            sizeof(SplitOSharedStorage), dev, usable);
 }
 // decode_kernel_kt<Tr, SelfPlan> (row tiles of e4m3fn KV) runs its mainloop on `dev`.
 template <class Tr, bool SelfPlan>
@@ -268,13 +232,6 @@ inline Status sm90a_usable(arch::Mainloop mainloop, bool self_plan, const Device
 template <class Tr>
 inline Status launch_sm90a(const KernelChoice& c, dim3 grid, const KernelArgs& k, Stream stream) {
   if constexpr (Tr::kWarpgroupPolicy && !Tr::kFp8Matrix) {
-    if constexpr (SplitOMainloop<Tr>::kTmaApplies) {
-      CUtensorMap map;
-      if (c.mainloop == arch::Mainloop::warpgroup_split_o && make_kv_tensor_map(k.a, &map))
-        return launch_kernel("decode_kernel_split_o_tma", decode_kernel_split_o_tma<Tr>, grid,
-                             dim3(SplitOMainloop<Tr, true>::kThreads), sizeof(SplitOSharedStorage),
-                             stream, k, map);
-    }
     if (c.mainloop == arch::Mainloop::warpgroup_split_o)
       return launch_kernel("decode_kernel_split_o", decode_kernel_split_o<Tr>, grid,
                            dim3(SplitOMainloop<Tr>::kThreads), sizeof(SplitOSharedStorage), stream,

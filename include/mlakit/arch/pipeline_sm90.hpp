@@ -63,39 +63,6 @@ __device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t pari
 #endif
 }
 
-// Arrives on `bar` and adds `bytes` to the transaction count its current phase waits for (the
-// bytes a bulk tensor copy will complete on it).
-__device__ __forceinline__ void mbar_arrive_expect_tx(std::uint64_t* bar, std::uint32_t bytes) {
-#if defined(MLAKIT_WGMMA_ENABLED)
-  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(
-                   detail::smem_u32(bar)),
-               "r"(bytes)
-               : "memory");
-#else
-  (void)bar, (void)bytes;
-#endif
-}
-
-// Bulk tensor copy (TMA) of the box at coordinates {x, y, z} of the 3-D tensor map `map` (a
-// __grid_constant__ kernel parameter) into shared memory at `dst`, evict-first in L2; the
-// copy unit completes its bytes on `bar`. The writes are async-proxy writes: a thread that
-// waited on `bar` may read them with wgmma without a fence.
-__device__ __forceinline__ void tma_load_3d(std::uint32_t dst, const void* map, int x, int y, int z,
-                                            std::uint64_t* bar) {
-#if defined(MLAKIT_WGMMA_ENABLED)
-  std::uint64_t policy;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      ".L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
-      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(x), "r"(y), "r"(z), "r"(detail::smem_u32(bar)),
-      "l"(policy)
-      : "memory");
-#else
-  (void)dst, (void)map, (void)x, (void)y, (void)z, (void)bar;
-#endif
-}
-
 // Position in a ring of `Stages` stages: the stage index and the parity of its current use.
 template <int Stages>
 struct PipelineState {

@@ -89,7 +89,7 @@ struct alignas(1024) SplitOStaticStorage {
   Pipeline::Storage bars;
 };
 
-template <class Tr, bool kTma = false>
+template <class Tr>
 struct SplitOMainloop {
   using T = typename Tr::T;
   using Tq = typename Tr::Tq;
@@ -98,11 +98,7 @@ struct SplitOMainloop {
   using Tile = Swizzle128Tile<64>;
   using Pipeline = SplitOStaticStorage::Pipeline;
   using State = arch::PipelineState<2>;
-  // kTma: no producer warpgroup; one thread of each consumer warpgroup refills the stage
-  // halves that warpgroup releases by TMA (decode_kernel_split_o_tma).
-  static constexpr bool kTmaApplies = Tr::kDirect && !Tr::Problem::kSplitCache;
-  static_assert(!kTma || kTmaApplies, "TMA tiles: KV of the compute type in one joined cache");
-  static constexpr int kThreads = kTma ? 256 : 384;
+  static constexpr int kThreads = 384;
   static constexpr int kConsumerThreads = 256;
   static constexpr int kProducerThreads = 128;
   // A producer that converts KV (e4m3fn in hardware, other types in software) gets more
@@ -130,7 +126,6 @@ struct SplitOMainloop {
   PieceContext<Tr>& ctx;       // the piece: request, row tile, addressing
   SplitOSharedStorage& tiles;  // Q, the KV stages and P (dynamic shared memory)
   SplitOStaticStorage& state;  // row maxima, sums, Q scales, barriers (static shared memory)
-  const void* kv_map = nullptr;  // kTma: the cache's tensor map (a __grid_constant__ parameter)
 
   // ---- the piece a CTA works on ----------------------------------------------------------
   struct Range {
@@ -510,72 +505,12 @@ struct SplitOMainloop {
   // barrier) that orders them before it. A converting producer fences its own stores before it
   // arrives (write_converted, load_convert16), so its consumers need no fence.
   __device__ static void fence_direct_copies() {
-    if constexpr (Tr::kDirect && !kTma) arch::fence_proxy_async_smem();
+    if constexpr (Tr::kDirect) arch::fence_proxy_async_smem();
   }
   // Waits for chunk c of the stage of `st`, ready for wgmma reads.
   __device__ static void wait_chunk(const Pipeline& pipe, const State& st, int c) {
     pipe.consumer_wait_generic(st, c);
     fence_direct_copies();
-  }
-
-  // ---- TMA tiles (kTma) -------------------------------------------------------------------
-  //
-  // With a page size that is a multiple of 64, a piece's 64-token tiles (pieces start at
-  // multiples of 64 tokens) lie in one page each: a chunk of a tile is one box of the cache's
-  // tensor map, {64 columns, 64 tokens, 1 page} at {64 c, token in page, page id}. Each stage
-  // half is refilled by the one thread of the warpgroup that releases it (the other
-  // warpgroup's reads of that half are ordered before the release, see the header), after
-  // the four warps of that warpgroup arrived on its `empty` barrier; the first pair of a piece
-  // is issued by thread 0 once the previous piece's epilogue is passed (no read of either
-  // stage is left). The tile past a piece's odd count reads the piece's last tile again, and
-  // the tokens of a tile past the piece's end (which may be unused page slots holding NaN) are
-  // zeroed in shared memory by the warpgroup that computes the tile's S, before any P V reads
-  // the tile: their P is 0, and 0 x NaN would not be.
-  struct TileAt {
-    int page, in_page;  // the tile's page id and its first token in the page
-  };
-  __device__ TileAt tile_at(const Range& r, int kt) const {
-    const int last = r.kv_begin + 64 * ((r.kv_end - 1 - r.kv_begin) / 64);  // last real tile
-    const int k = kt < last ? kt : last;
-    const int i = ctx.p.page.div(k);
-    return TileAt{__ldg(ctx.page_table() + i), k - i * ctx.p.a.page_size};
-  }
-  template <int C0, int C1>
-  __device__ void issue_half(const State& st, const TileAt& t) const {
-    const std::uint32_t dst = smem_u32(tiles.kv[st.stage()]);
-#pragma unroll
-    for (int c = C0; c < C1; ++c) {
-      std::uint64_t* bar = &state.bars.full[st.stage()][c];
-      arch::mbar_arrive_expect_tx(bar, kChunkBytes);
-      arch::tma_load_3d(dst + c * kChunkBytes, kv_map, 64 * c, t.in_page, t.page, bar);
-    }
-  }
-  // Releases half g (chunks [C0, C1)) of the stage of `st`; with TMA tiles, the warpgroup's
-  // issuing thread refills it with the same half of `next` (the tile two positions later)
-  // once all four warps released it.
-  template <int C0, int C1>
-  __device__ void release(const Pipeline& pipe, const State& st, int g, bool issuer, bool more,
-                          const TileAt& next) const {
-    pipe.consumer_release(st, g);
-    if constexpr (kTma) {
-      if (issuer && more) {
-        arch::mbar_wait(&state.bars.empty[st.stage()][g], st.phase());
-        issue_half<C0, C1>(st.at(2), next);
-      }
-    } else {
-      (void)issuer, (void)more, (void)next;
-    }
-  }
-  // Zeroes the V columns (chunks 0-7) of tokens [max(valid, 0), 64) of a stage: 128 threads
-  // of one warpgroup, fenced for the wgmma reads that follow a barrier.
-  __device__ void zero_tail(int stage, int valid, int tid) const {
-    const int first = valid > 0 ? valid : 0;
-    const std::uint32_t base = smem_u32(tiles.kv[stage]);
-    for (int u = first * 64 + tid; u < 64 * 64; u += 128) {
-      const int row = u >> 6, c = (u >> 3) & 7, unit = u & 7;
-      arch::sts128(base + c * kChunkBytes + row * 128 + unit * 16, uint4{0u, 0u, 0u, 0u});
-    }
-    arch::fence_proxy_async_smem();
   }
 
   // Issues chunks [C0, C1) of S = Q K^T (64 rows x 64 keys) for the tile of `st` as one
@@ -765,7 +700,6 @@ struct SplitOMainloop {
   // Warpgroup 0: S and softmax of tile A of every pair, P V of both tiles (columns 0..255).
   __device__ void consume_a(const Range& r, State& st, int mask_from, Softmax& sm, float (&o)[128],
                             const std::uint32_t (&rq)[16], int wi, int g, int t) const {
-    const bool issuer = wi == 0 && lane_id() == 0;  // kTma: refills the halves it releases
     const Pipeline pipe{state.bars};
     float s[32], f[2];
     std::uint32_t pf[16];
@@ -778,12 +712,6 @@ struct SplitOMainloop {
       const State st_b = st;
       st.advance();
       const int kt_a = r.kv_begin + 128 * pair;
-      const bool more = pair + 1 < r.n_pairs;
-      TileAt next_a{}, next_b{};  // kTma: the next pair's tiles (loaded by the issuing thread)
-      if constexpr (kTma) {
-        if (issuer && more) next_a = tile_at(r, kt_a + 128), next_b = tile_at(r, kt_a + 192);
-        if (kt_a + 64 > r.kv_end) zero_tail(0, r.kv_end - kt_a, 32 * wi + lane_id());
-      }
       const float m_floor[2] = {sm.m_run[0], sm.m_run[1]};
       const bool moved_a = softmax(s, kt_a, kt_a + 64 > mask_from, t, sm, m_floor, f, pf);
       publish_max(2 * (pair & 1), wi, g, t, sm);
@@ -796,8 +724,7 @@ struct SplitOMainloop {
       arch::wgmma_wait<0>();
       arch::fence_operand(o);  // (s is dead here: fencing it would keep 32 registers live)
       arch::fence_operand(pf);
-      // S_A and this P V were the only reads of A-lo.
-      release<0, 4>(pipe, st_a, kLo, issuer, more, next_a);
+      pipe.consumer_release(st_a, kLo);  // S_A and this P V were the only reads of A-lo
       arch::named_sync(arch::NamedBarrier::max_b, kConsumerThreads);
       float mb[2];
       read_max(2 * (pair & 1) + 1, wi, g, mb);
@@ -807,6 +734,7 @@ struct SplitOMainloop {
       issue_pv_smem(o, sp_b(), smem_u32(tiles.kv[1]), 0);
       // The next S_A's first half queues behind this P V; B-lo is released when the P V
       // retires. No register of s, o or pf is touched between the waits.
+      const bool more = pair + 1 < r.n_pairs;
       if (more) {
         issue_s<0, 4, 0>(s, st, rq, true);
         arch::wgmma_wait<1>();
@@ -814,7 +742,7 @@ struct SplitOMainloop {
         arch::wgmma_wait<0>();
       }
       arch::fence_operand(o);
-      release<0, 4>(pipe, st_b, kLo, issuer, more, next_b);
+      pipe.consumer_release(st_b, kLo);
       if (more) issue_s<4, 9, 0>(s, st, rq, false);
       arch::wgmma_wait<0>();
       arch::fence_operand(s);
@@ -829,7 +757,6 @@ struct SplitOMainloop {
   // in the order the two halves are released.
   __device__ void consume_b(const Range& r, State& st, int mask_from, Softmax& sm, float (&o)[128],
                             const std::uint32_t (&rq)[16], int wi, int g, int t) const {
-    const bool issuer = wi == 0 && lane_id() == 0;  // kTma: refills the halves it releases
     const Pipeline pipe{state.bars};
     float s[32], f[2];
     std::uint32_t pf[16];
@@ -845,12 +772,6 @@ struct SplitOMainloop {
       arch::wgmma_wait<0>();
       arch::fence_operand(s);
       const int kt_b = r.kv_begin + 128 * pair + 64;
-      const bool more = pair + 1 < r.n_pairs;
-      TileAt next_a{}, next_b{};  // kTma: the next pair's tiles (loaded by the issuing thread)
-      if constexpr (kTma) {
-        if (issuer && more) next_a = tile_at(r, kt_b + 64), next_b = tile_at(r, kt_b + 128);
-        if (kt_b + 64 > r.kv_end) zero_tail(1, r.kv_end - kt_b, 32 * wi + lane_id());
-      }
       arch::named_sync(arch::NamedBarrier::max_a, kConsumerThreads);
       float ma[2];
       read_max(2 * (pair & 1), wi, g, ma);
@@ -869,16 +790,14 @@ struct SplitOMainloop {
       arch::named_arrive(arch::NamedBarrier::max_b, kConsumerThreads);  // m_B and sP_B
       arch::wgmma_wait<0>();
       arch::fence_operand(o);
-      // Warpgroup 0's S_A read A-hi before max_a.
-      release<4, 9>(pipe, st_a, kHi, issuer, more, next_a);
+      pipe.consumer_release(st_a, kHi);  // warpgroup 0's S_A read A-hi before max_a
       arch::named_arrive(arch::NamedBarrier::pa_read, kConsumerThreads);
       if (moved) scale_o(o, f);
       issue_pv_regs(o, pf, smem_u32(tiles.kv[1]), 1);
       arch::wgmma_wait<0>();
       arch::fence_operand(o);
       arch::fence_operand(pf);
-      // S_B and P V of B were the reads of B-hi.
-      release<4, 9>(pipe, st_b, kHi, issuer, more, next_b);
+      pipe.consumer_release(st_b, kHi);  // S_B and P V of B were the reads of B-hi
     }
   }
 
@@ -905,17 +824,6 @@ struct SplitOMainloop {
     for (int i = 0; i < 128; ++i) o[i] = 0.0f;
 
     if (r.n_pairs > 0) {
-      if constexpr (kTma) {
-        // The piece's first pair, in release order; every read of both stages by the
-        // previous piece retired before its epilogue's last barrier.
-        if (threadIdx.x == 0) {
-          const TileAt a = tile_at(r, r.kv_begin), b = tile_at(r, r.kv_begin + 64);
-          issue_half<0, 4>(st, a);
-          issue_half<4, 9>(st, a);
-          issue_half<4, 9>(st.at(1), b);
-          issue_half<0, 4>(st.at(1), b);
-        }
-      }
       load_q();
       arch::named_sync(arch::NamedBarrier::consumers, kConsumerThreads);  // sQ complete
       if constexpr (Tr::kFp8Operands) {
@@ -1033,51 +941,6 @@ __global__ void __launch_bounds__(384, 1) decode_kernel_split_o(const KernelArgs
   }
 #else
   (void)p;
-#endif
-}
-
-// The split-O kernel without a producer warpgroup, for KV of the compute type in a joined
-// cache whose page size is a multiple of 64: every KV tile comes by TMA through `kv_map`
-// (api/decode.hpp, make_kv_tensor_map), issued by one thread of the consumer warpgroup that
-// releases each stage half. 256 threads, one CTA per SM; same grid, plan and workspace.
-template <class Tr>
-__global__ void __launch_bounds__(256, 1)
-    decode_kernel_split_o_tma(const KernelArgs p, const __grid_constant__ CUtensorMap kv_map) {
-#if defined(MLAKIT_WGMMA_ENABLED)
-  extern __shared__ __align__(1024) unsigned char smem[];
-  __shared__ SplitOStaticStorage state;
-  SplitOSharedStorage& tiles = *reinterpret_cast<SplitOSharedStorage*>(smem);
-  using ML = SplitOMainloop<Tr, true>;
-  const int row_tile = static_cast<int>(blockIdx.x);
-  const int cta = cta_slot(static_cast<int>(blockIdx.y), static_cast<int>(gridDim.y));
-  const CtaPlan cp = p.ws.ctas[cta];
-  const int per_cta = p.ws.header[1];
-  PieceContext<Tr> ctx{p, 0, row_tile, Tr::heads(p.a), Tr::q_len(p.a), 0, 0, Tr::causal(p.a),
-                       Tr::kv_dtype(p.a), 0};
-  ctx.rows = ctx.heads * ctx.q_len;
-  ctx.row0 = row_tile * Tr::kRows;
-  ctx.kv_bytes = static_cast<int>(dtype_bytes(ctx.kv));
-  if (ctx.row0 >= ctx.rows) return;
-  if (threadIdx.x == 0) {
-    // Each chunk's barrier: one arrival (the issuing thread's, with the chunk's bytes); each
-    // stage half's: the four warps of the warpgroup that releases it.
-    for (int s = 0; s < 2; ++s) {
-      for (int c = 0; c < 9; ++c) arch::mbar_init(&state.bars.full[s][c], 1);
-      for (int g = 0; g < 2; ++g) arch::mbar_init(&state.bars.empty[s][g], 4);
-    }
-    arch::mbar_init_fence();
-  }
-  __syncthreads();
-  ML mainloop{ctx, tiles, state, &kv_map};
-  typename ML::State st;
-  for (int b = cp.req_begin; b <= cp.req_end; ++b) {
-    ctx.b = b;
-    const RequestPlan rq = p.ws.requests[b];
-    const Piece pc = piece_of(p.shape, rq, cta, per_cta);
-    mainloop.consume(rq, pc, mainloop.range(rq, pc), st);
-  }
-#else
-  (void)p, (void)kv_map;
 #endif
 }
 

@@ -152,36 +152,22 @@ inline Status with_relaxed_capture(const F& f) {
 }
 
 #if defined(MLAKIT_PLATFORM_CUDA)
-// A driver API function found through the runtime (no link to libcuda); null if missing.
-template <class Fn>
-inline Fn driver_entry(const char* name) {
-  void* p = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-#if CUDART_VERSION >= 12050
-  const cudaError_t e =
-      cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found);
-#else
-  const cudaError_t e = cudaGetDriverEntryPoint(name, &p, cudaEnableDefault, &found);
-#endif
-  return e == cudaSuccess && found == cudaDriverEntryPointSuccess ? reinterpret_cast<Fn>(p)
-                                                                  : nullptr;
-}
-// The driver's cuFuncSetAttribute, found once.
+// The driver's cuFuncSetAttribute, found once through the runtime (no link to libcuda).
 using DriverFuncSetAttribute = CUresult (*)(CUfunction, CUfunction_attribute, int);
 inline DriverFuncSetAttribute driver_func_set_attribute() {
-  static const DriverFuncSetAttribute fn =
-      driver_entry<DriverFuncSetAttribute>("cuFuncSetAttribute");
-  return fn;
-}
-// The driver's cuTensorMapEncodeTiled, found once.
-using DriverTensorMapEncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t,
-                                                void*, const cuuint64_t*, const cuuint64_t*,
-                                                const cuuint32_t*, const cuuint32_t*,
-                                                CUtensorMapInterleave, CUtensorMapSwizzle,
-                                                CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-inline DriverTensorMapEncodeTiled driver_tensor_map_encode_tiled() {
-  static const DriverTensorMapEncodeTiled fn =
-      driver_entry<DriverTensorMapEncodeTiled>("cuTensorMapEncodeTiled");
+  static const DriverFuncSetAttribute fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    const cudaError_t e =
+        cudaGetDriverEntryPointByVersion("cuFuncSetAttribute", &p, 12000, cudaEnableDefault, &found);
+#else
+    const cudaError_t e = cudaGetDriverEntryPoint("cuFuncSetAttribute", &p, cudaEnableDefault, &found);
+#endif
+    return e == cudaSuccess && found == cudaDriverEntryPointSuccess
+               ? reinterpret_cast<DriverFuncSetAttribute>(p)
+               : nullptr;
+  }();
   return fn;
 }
 #endif
