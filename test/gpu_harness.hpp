@@ -243,8 +243,6 @@ struct TestProblem {
 inline void build(TestProblem& P, const Case& c) {
   P.c = c;
   std::mt19937_64 rng(c.seed);
-  // Uniform in [-1, 1): the values std::uniform_real_distribution<float> gives, drawn faster.
-  auto uni = [](std::mt19937_64& g) { return uniform(g, -1.0f, 1.0f); };
   DecodeArgs a;
   a.q_type = c.q_type;
   a.kv_type = c.kv_type;
@@ -257,10 +255,10 @@ inline void build(TestProblem& P, const Case& c) {
   a.split_mode = c.split;
   a.num_splits = c.num_splits;
   a.compute = c.compute;
-  a.softmax_scale = 1.0f / std::sqrt(192.0f) * (0.8f + 0.4f * (uni(rng) + 1.0f) / 2.0f);
+  a.softmax_scale = 1.0f / std::sqrt(192.0f) * (0.8f + 0.4f * (uniform(rng) + 1.0f) / 2.0f);
   // kv_scale applies to every cache type: odd seeds give 16-bit caches a scale in [0.5, 1).
-  a.kv_scale = is_fp8(c.kv_type) ? 0.02f + 0.01f * uni(rng)
-               : (c.seed % 2)    ? 0.75f + 0.25f * uni(rng)
+  a.kv_scale = is_fp8(c.kv_type) ? 0.02f + 0.01f * uniform(rng)
+               : (c.seed % 2)    ? 0.75f + 0.25f * uniform(rng)
                                  : 1.0f;
   if (c.softmax_scale > 0.0f) a.softmax_scale = c.softmax_scale;
   if (c.kv_scale > 0.0f) a.kv_scale = c.kv_scale;
@@ -282,7 +280,7 @@ inline void build(TestProblem& P, const Case& c) {
   for (std::size_t i = 0; i < q_elems; ++i) {
     const int row = int(i / kHeadDimQK % (std::size_t(a.q_len) * a.num_heads));
     const float octave = std::ldexp(1.0f, c.q_row_octaves * (row % 3 - 1));
-    P.q[i] = encode16(c.q_type, uni(rng) * c.q_magnitude * octave);
+    P.q[i] = encode16(c.q_type, uniform(rng) * c.q_magnitude * octave);
   }
   // KV cache: random values everywhere, then NaN where nothing may be read.
   const std::size_t eb = dtype_bytes(c.kv_type);
@@ -345,7 +343,7 @@ inline void build(TestProblem& P, const Case& c) {
         const std::size_t row = std::size_t(page) * c.page_size + r;
         const float ramp =
             (1.0f + c.kv_ramp * float(tok) / float(c.kv_lens[b])) / (1.0f + c.kv_ramp);
-        for (int d = 0; d < kHeadDimQK; ++d) put(row, d, uni(rng) * kv_range * ramp);
+        for (int d = 0; d < kHeadDimQK; ++d) put(row, d, uniform(rng) * kv_range * ramp);
       }
     }
   }

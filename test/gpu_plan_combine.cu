@@ -251,7 +251,6 @@ double ulp16(DType t, double x) {
 
 void check_combine_once(const CombineCase& c) {
   std::mt19937_64 g(c.seed);
-  auto u = [](std::mt19937_64& gen) { return uniform(gen, -1.0f, 1.0f); };
   const int batch = int(c.lens.size()), rows = c.heads * c.q_len;
   const int rpc = arch::kPolicies[arch::policy_index_for_rows(rows)].rows;
   PlanShape shape;
@@ -290,10 +289,10 @@ void check_combine_once(const CombineCase& c) {
       for (int row = 0; row < rows; ++row) {
         const std::int64_t sr = std::int64_t(pc.partial_slot) * rows_padded + row;
         const bool empty = pc.kv_end == pc.kv_begin || row == dead_row || g() % 8 == 0;
-        pl[sr] = empty ? -INFINITY : 15.0f * u(g);
+        pl[sr] = empty ? -INFINITY : 15.0f * uniform(g);
         const float amplitude = empty ? 3.0f : 2.0f;
         for (int d = 0; d < kHeadDimV; ++d)
-          po[sr * kHeadDimV + d] = encode16(c.q_type, amplitude * u(g));
+          po[sr * kHeadDimV + d] = encode16(c.q_type, amplitude * uniform(g));
       }
     }
   }

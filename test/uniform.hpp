@@ -23,5 +23,10 @@ float uniform(Engine& g, float lo, float hi) {
   const float scaled = u * span;
   return scaled + lo;
 }
+// The test data's usual range, [-1, 1).
+template <class Engine>
+float uniform(Engine& g) {
+  return uniform(g, -1.0f, 1.0f);
+}
 
 }  // namespace mlakit::testing

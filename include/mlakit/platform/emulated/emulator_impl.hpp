@@ -141,6 +141,13 @@ inline thread_local Lane* tls_lane = nullptr;
 inline bool runnable(const Lane& l) {
   return !l.done && (l.wait_on == nullptr || *l.wait_on != l.wait_value);
 }
+// Makes runnable lane l the host thread's current lane (the scheduler's sweep and the
+// hand-over in yield_lane both resume lanes through it).
+inline void enter(Lane& l) {
+  l.wait_on = nullptr;
+  tls_lane = &l;
+  tls_ids = &l.ids;
+}
 
 // A lane that waits hands its host thread straight to the next runnable lane of the block's
 // sweep (the lane the scheduler would resume next), so that a wave operation costs one fiber
@@ -154,9 +161,7 @@ inline void yield_lane() {
   for (int t = static_cast<int>(&l - b.lanes.get()) + 1; t < n; ++t) {
     Lane& m = b.lanes[t];
     if (!runnable(m)) continue;
-    m.wait_on = nullptr;
-    tls_lane = &m;
-    tls_ids = &m.ids;
+    enter(m);
     // m continues in its own yield_lane (or at its start); it stores this lane's continuation
     // and receives the scheduler's.
     l.sink = std::move(m.fiber).resume_with([&l](boost::context::fiber&& from) {
@@ -220,9 +225,7 @@ inline bool run_block(Block& b, const KernelBody& body, Dim3 block_idx, Dim3 gri
       if (l.done) continue;
       all_done = false;
       if (!runnable(l)) continue;
-      l.wait_on = nullptr;
-      tls_lane = &l;
-      tls_ids = &l.ids;
+      enter(l);
       // Lanes after l may run before control comes back (yield_lane); the one that returns
       // here is tls_lane, and the sweep goes on after it.
       boost::context::fiber back = std::move(l.fiber).resume();
