@@ -18,10 +18,15 @@
 // against the reference allows 1e-1: this binary's random codes give sharp softmaxes, where one
 // e4m3 plane of P errs most, 1.8e-2 to over 2.5e-2; docs/design.md has its error on N(0,1)
 // and outlier data).
-//   mlakit_bench [--quick] [--plans] [--shape=...] [google benchmark flags, e.g.
+// --normal fills Q and KV with N(0, 1) values (bf16, or e4m3fn codes of them) and uses the
+// softmax scale 576^-0.5, as bench/torch_bench.py does, instead of the default values in
+// (-2, 2) of random mantissa with the scale 0.0721 (which give sharp softmaxes).
+//   mlakit_bench [--quick] [--plans] [--normal] [--shape=...] [google benchmark flags, e.g.
 //   --benchmark_format=json]
 #include <benchmark/benchmark.h>
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <chrono>
@@ -44,7 +49,38 @@ std::size_t g_pool_bytes = 0;
 bool g_plans = false;                               // --plans: also time fixed split counts
 std::vector<int> g_splits = {2, 4, 8, 16, 32, 64};  // --splits: the fixed counts --plans times
 
-__global__ void fill_random(std::uint8_t* p, std::size_t n, int fp8, std::uint32_t seed) {
+bool g_normal = false;  // --normal: N(0, 1) data (fill_random)
+
+// N(0, 1) by Box-Muller from two hashes (24 bits of each).
+__device__ float normal_of(std::uint32_t h1, std::uint32_t h2) {
+  const float u1 = ((h1 >> 8) + 1u) * (1.0f / 16777216.0f);  // (0, 1]
+  const float u2 = (h2 >> 8) * (1.0f / 16777216.0f);         // [0, 1)
+  return sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+}
+
+// n bytes of random data: bf16 values (fp8 = 0) or e4m3fn codes (fp8 = 1), in (-2, 2) of random
+// mantissa, or N(0, 1) with normal = 1.
+__global__ void fill_random(std::uint8_t* p, std::size_t n, int fp8, std::uint32_t seed,
+                            int normal) {
+  if (normal) {
+    for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n / 2;
+         i += std::size_t(gridDim.x) * blockDim.x) {
+      std::uint32_t h = std::uint32_t(i) * 2654435761u ^ seed;
+      h ^= h >> 15;
+      h *= 2246822519u;
+      h ^= h >> 13;
+      const std::uint32_t h2 = h * 3266489917u + 668265263u;
+      const float a = normal_of(h, h2), b = normal_of(h2 ^ (h2 >> 16), h * 374761393u + 1u);
+      std::uint16_t v;
+      if (fp8) {
+        v = std::uint16_t(__nv_fp8_e4m3(a).__x | (__nv_fp8_e4m3(b).__x << 8));
+      } else {
+        v = std::uint16_t(__bfloat16_as_ushort(__float2bfloat16(a)));
+      }
+      reinterpret_cast<std::uint16_t*>(p)[i] = v;
+    }
+    return;
+  }
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n / 2;
        i += std::size_t(gridDim.x) * blockDim.x) {
     std::uint32_t h = std::uint32_t(i) * 2654435761u ^ seed;
@@ -95,8 +131,8 @@ void measure_ceilings() {
   cudaMalloc(&A, std::size_t(N) * N * 2);
   cudaMalloc(&B, std::size_t(N) * N * 2);
   cudaMalloc(&C, std::size_t(N) * N * 2);
-  fill_random<<<1024, 256>>>(static_cast<std::uint8_t*>(A), std::size_t(N) * N * 2, 0, 1);
-  fill_random<<<1024, 256>>>(static_cast<std::uint8_t*>(B), std::size_t(N) * N * 2, 0, 2);
+  fill_random<<<1024, 256>>>(static_cast<std::uint8_t*>(A), std::size_t(N) * N * 2, 0, 1, 0);
+  fill_random<<<1024, 256>>>(static_cast<std::uint8_t*>(B), std::size_t(N) * N * 2, 0, 2, 0);
   cublasHandle_t h;
   cublasCreate(&h);
   const float one = 1.f, zero = 0.f;
@@ -165,7 +201,7 @@ void run_shape(benchmark::State& st, Shape s) {
   const std::size_t q_elems = std::size_t(s.batch) * s.q_len * s.heads * 576;
   const std::size_t o_elems = std::size_t(s.batch) * s.q_len * s.heads * 512;
   DeviceBuffer d_q(q_elems * 2), d_o(o_elems * 2), d_lse(o_elems / 512 * 4);
-  fill_random<<<1024, 256>>>(d_q.as<std::uint8_t>(), q_elems * 2, 0, 7);
+  fill_random<<<1024, 256>>>(d_q.as<std::uint8_t>(), q_elems * 2, 0, 7, g_normal);
   DecodeArgs a;
   a.q_type = DType::bf16;
   a.kv_type = s.kv;
@@ -183,8 +219,8 @@ void run_shape(benchmark::State& st, Shape s) {
   a.kv_indptr = d_indptr.as<std::int32_t>();
   a.kv_indices = d_idx.as<std::int32_t>();
   a.kv_len = d_len.as<std::int32_t>();
-  a.softmax_scale = 0.0721f;
-  a.kv_scale = is_fp8(s.kv) ? 0.01f : 1.0f;
+  a.softmax_scale = g_normal ? 1.0f / 24.0f : 0.0721f;
+  a.kv_scale = is_fp8(s.kv) && !g_normal ? 0.01f : 1.0f;
   a.compute = s.compute;
   DeviceInfo dev;
   cached_device_info(&dev);
@@ -504,6 +540,8 @@ int main(int argc, char** argv) {
       quick = true;
     } else if (arg == "--plans") {
       g_plans = true;
+    } else if (arg == "--normal") {
+      g_normal = true;
     } else if (arg.rfind("--splits=", 0) == 0) {
       g_splits.clear();
       for (const char* c = arg.c_str() + 9; *c != 0;) {
@@ -540,7 +578,7 @@ int main(int argc, char** argv) {
     std::printf("pool alloc failed\n");
     return 1;
   }
-  fill_random<<<4096, 256>>>(g_pool, g_pool_bytes, 1, 3);  // fp8 codes; bf16 shapes get
+  fill_random<<<4096, 256>>>(g_pool, g_pool_bytes, 1, 3, g_normal);  // fp8 codes; bf16 shapes get
   cudaDeviceSynchronize();                                 // random bf16 bits below
   const std::vector<Shape> shapes = given.empty() ? default_shapes(quick) : given;
   for (const Shape& s : shapes) {
@@ -551,7 +589,7 @@ int main(int argc, char** argv) {
                                    static DType filled = DType::fp8_e4m3fn;
                                    if (s.kv != filled) {
                                      fill_random<<<4096, 256>>>(g_pool, g_pool_bytes,
-                                                                is_fp8(s.kv) ? 1 : 0, 3);
+                                                                is_fp8(s.kv) ? 1 : 0, 3, g_normal);
                                      cudaDeviceSynchronize();
                                      filled = s.kv;
                                    }
