@@ -62,16 +62,6 @@ struct CopyAtomCpAsync {
   __device__ static void wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
   }
-  // Asks L2 to fetch `bytes` bytes at `src` (16-byte aligned, a multiple of 16) from memory,
-  // without waiting and without touching shared memory (sm_90 and later; nothing before).
-  __device__ static void prefetch_l2(const void* src, std::uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-#else
-    (void)src;
-    (void)bytes;
-#endif
-  }
 };
 
 using DefaultCopyAtom = CopyAtomCpAsync;

@@ -190,42 +190,6 @@ struct SplitOMainloop {
     }
   }
 
-  // Asks L2 for the rows of the tile at kt (page ids `id` from fetch_pages): the next pair's
-  // rows are requested a pair before their copies into the stages are issued, so that those
-  // copies find them in L2 (the ring holds two tiles; the consumers waited for their chunks
-  // in about a third of their samples without it; docs/performance.md). A bulk prefetch takes
-  // its address in uniform registers (ptxas loops over the lanes that issue one), so a tile
-  // whose 64 rows are one run of memory (within a page of a joined cache whose rows are
-  // packed) is one prefetch by thread 0, and any other tile one per row, by the first thread
-  // of each token.
-  template <bool kSplit>
-  __device__ void prefetch_rows(int kt, int last, int tid, const int (&id)[4]) const {
-    const std::uint32_t b = static_cast<std::uint32_t>(ctx.kv_bytes);
-    if constexpr (!kSplit) {
-      const int in_page = ctx.p.page.mod(kt, ctx.p.page.div(kt));
-      if (ctx.p.a.kv_stride_token == kHeadDimQK && in_page + 64 <= ctx.p.a.page_size &&
-          kt + 63 <= last) {
-        // Thread 0's first token is kt (token_of(0, 0) == 0).
-        if (tid == 0) Copy::prefetch_l2(ctx.page_row(id[0], in_page), 64 * kHeadDimQK * b);
-        return;
-      }
-    }
-    if (tid % (raw_fp8() ? 4 : 8) != 0) return;
-    const unsigned char *src[4], *rope[4];
-    rows_of<kSplit>(kt, last, tid, id, src, rope);
-    const int n = tokens_per_thread();
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      if (k >= n) continue;
-      if constexpr (kSplit) {
-        Copy::prefetch_l2(src[k], kHeadDimV * b);
-        Copy::prefetch_l2(rope[k], (kHeadDimQK - kHeadDimV) * b);
-      } else {
-        Copy::prefetch_l2(src[k], kHeadDimQK * b);
-      }
-    }
-  }
-
   template <int C0, int C1>
   struct Half {  // chunks [C0, C1) of a stage: lo = Half<0, 4>, hi = Half<4, 9>
     static constexpr int c0 = C0, c1 = C1;
@@ -253,7 +217,7 @@ struct SplitOMainloop {
       const Rows<kSplit> da = thread_rows<kSplit>(src, rope, tid);
       rows_of<kSplit>(kt + 64, last, tid, id_b, src, rope);
       const Rows<kSplit> db = thread_rows<kSplit>(src, rope, tid);
-      if (pair + 1 < r.n_pairs) {  // in flight while waiting (prefetch_next waits for them)
+      if (pair + 1 < r.n_pairs) {  // in flight while waiting
         fetch_pages(table, kt + 128, last, tid, id_a);
         fetch_pages(table, kt + 192, last, tid, id_b);
       }
@@ -265,17 +229,9 @@ struct SplitOMainloop {
       unsigned char* stage_b = tiles.kv[1];
       // Acquires each half of the pair in release order and hands it to fill(stage, rows,
       // state, Half<c0, c1>).
-      const bool more = pair + 1 < r.n_pairs;
-      // The next pair's rows into L2, once its page ids (loaded above) are in.
-      const auto prefetch_next = [&] {
-        if (!more) return;
-        prefetch_rows<kSplit>(kt + 128, last, tid, id_a);
-        prefetch_rows<kSplit>(kt + 192, last, tid, id_b);
-      };
       const auto in_release_order = [&](auto&& fill) {
         pipe.producer_acquire(sa, kLo);
         fill(stage_a, da, sa, Half<0, 4>{});
-        prefetch_next();
         pipe.producer_acquire(sa, kHi);
         fill(stage_a, da, sa, Half<4, 9>{});
         pipe.producer_acquire(sb, kHi);
@@ -290,7 +246,6 @@ struct SplitOMainloop {
       } else if (ctx.kv_bytes == 1) {
         pipe.producer_acquire(sa, kLo);
         copy_raw<kSplit, 0, 4>(stage_a, da, tid);
-        prefetch_next();
         pipe.producer_acquire(sa, kHi);
         copy_raw<kSplit, 4, 9>(stage_a, da, tid);
         Copy::template wait<1>();
