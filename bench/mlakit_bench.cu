@@ -578,8 +578,9 @@ int main(int argc, char** argv) {
     std::printf("pool alloc failed\n");
     return 1;
   }
-  fill_random<<<4096, 256>>>(g_pool, g_pool_bytes, 1, 3, g_normal);  // fp8 codes; bf16 shapes get
-  cudaDeviceSynchronize();                                 // random bf16 bits below
+  // fp8 codes; bf16 shapes refill the pool with bf16 values below.
+  fill_random<<<4096, 256>>>(g_pool, g_pool_bytes, 1, 3, g_normal);
+  cudaDeviceSynchronize();
   const std::vector<Shape> shapes = given.empty() ? default_shapes(quick) : given;
   for (const Shape& s : shapes) {
     benchmark::RegisterBenchmark(shape_name(s).c_str(),
