@@ -58,45 +58,36 @@ __device__ float normal_of(std::uint32_t h1, std::uint32_t h2) {
   return sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
 }
 
-// n bytes of random data: bf16 values (fp8 = 0) or e4m3fn codes (fp8 = 1), in (-2, 2) of random
-// mantissa, or N(0, 1) with normal = 1.
+// Two bytes of random data from the hash h: a bf16 value (fp8 = 0) or two e4m3fn codes (fp8 =
+// 1), in (-2, 2) of random mantissa, or N(0, 1) with normal = 1.
+__device__ std::uint16_t random_pair(std::uint32_t h, int fp8, int normal) {
+  if (normal) {
+    const std::uint32_t h2 = h * 3266489917u + 668265263u;
+    const float a = normal_of(h, h2);
+    if (!fp8) return __bfloat16_as_ushort(__float2bfloat16(a));
+    const float b = normal_of(h2 ^ (h2 >> 16), h * 374761393u + 1u);
+    return std::uint16_t(__nv_fp8_e4m3(a).__x | (__nv_fp8_e4m3(b).__x << 8));
+  }
+  if (fp8) {
+    std::uint8_t a = h & 0xFF, b = (h >> 8) & 0xFF;
+    if ((a & 0x7F) == 0x7F) a ^= 0x08;  // no NaN codes
+    if ((b & 0x7F) == 0x7F) b ^= 0x08;
+    return std::uint16_t(a | (b << 8));
+  }
+  // bf16 in (-2, 2): exponent 126/127, random mantissa and sign
+  return std::uint16_t(((h & 1) << 15) | ((126 + ((h >> 1) & 1)) << 7) | ((h >> 2) & 0x7F));
+}
+
+// n bytes of random data (random_pair for each 16-bit unit).
 __global__ void fill_random(std::uint8_t* p, std::size_t n, int fp8, std::uint32_t seed,
                             int normal) {
-  if (normal) {
-    for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n / 2;
-         i += std::size_t(gridDim.x) * blockDim.x) {
-      std::uint32_t h = std::uint32_t(i) * 2654435761u ^ seed;
-      h ^= h >> 15;
-      h *= 2246822519u;
-      h ^= h >> 13;
-      const std::uint32_t h2 = h * 3266489917u + 668265263u;
-      const float a = normal_of(h, h2), b = normal_of(h2 ^ (h2 >> 16), h * 374761393u + 1u);
-      std::uint16_t v;
-      if (fp8) {
-        v = std::uint16_t(__nv_fp8_e4m3(a).__x | (__nv_fp8_e4m3(b).__x << 8));
-      } else {
-        v = std::uint16_t(__bfloat16_as_ushort(__float2bfloat16(a)));
-      }
-      reinterpret_cast<std::uint16_t*>(p)[i] = v;
-    }
-    return;
-  }
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n / 2;
        i += std::size_t(gridDim.x) * blockDim.x) {
     std::uint32_t h = std::uint32_t(i) * 2654435761u ^ seed;
     h ^= h >> 15;
     h *= 2246822519u;
     h ^= h >> 13;
-    std::uint16_t v;
-    if (fp8) {
-      std::uint8_t a = h & 0xFF, b = (h >> 8) & 0xFF;
-      if ((a & 0x7F) == 0x7F) a ^= 0x08;  // no NaN codes
-      if ((b & 0x7F) == 0x7F) b ^= 0x08;
-      v = std::uint16_t(a | (b << 8));
-    } else {  // bf16 in (-2, 2): exponent 126/127, random mantissa and sign
-      v = std::uint16_t(((h & 1) << 15) | ((126 + ((h >> 1) & 1)) << 7) | ((h >> 2) & 0x7F));
-    }
-    reinterpret_cast<std::uint16_t*>(p)[i] = v;
+    reinterpret_cast<std::uint16_t*>(p)[i] = random_pair(h, fp8, normal);
   }
 }
 
